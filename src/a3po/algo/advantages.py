@@ -1,0 +1,104 @@
+"""Rewards to advantages: reward shaping, group/batch normalisation, RLOO, GAE.
+
+A batch holds B sequences, `group_size` consecutive ones per prompt. The estimators
+are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_level`,
+`mean_leave1out`):
+
+    GRPO      mean_level=group  std_level=group   A_i = (r_i - mean_g) / (std_g + eps)
+    Dr.GRPO   mean_level=group  std_level=none    A_i = r_i - mean_g
+    RLOO      mean_level=group  std_level=none    A_i = r_i - mean_{g, j != i}  (mean_leave1out)
+    batch     mean_level=batch  std_level=batch   A_i = (r_i - mean_B) / (std_B + eps)
+
+std is the unbiased sample standard deviation (0 for a group of one). `gae` is the
+per-token estimator for a learned critic (Schulman et al. 2016, Eq. 16).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LEVELS = ("group", "batch", "none")
+
+
+def shape_rewards(rewards: Tensor, scaling: float = 1.0, bias: float = 0.0, clip: float | None = None) -> Tensor:
+    """(r + bias) * scaling, then clipped to [-clip, clip]."""
+    out = (rewards + bias) * scaling
+    return out if clip is None else out.clamp(-clip, clip)
+
+
+def _centre(r: Tensor, level: str, leave1out: bool) -> Tensor:
+    """r (G, n) minus its baseline along the last axis."""
+    if level == "none":
+        return r
+    n = r.shape[-1]
+    total = r.sum(-1, keepdim=True)
+    if leave1out and n > 1:
+        return r - (total - r) / (n - 1)
+    return r - total / n
+
+
+def _std(r: Tensor) -> Tensor:
+    n = r.shape[-1]
+    return r.std(-1, keepdim=True) if n > 1 else torch.zeros_like(r[..., :1])
+
+
+def normalize_advantages(
+    rewards: Tensor,  # (B,)
+    group_size: int,
+    mean_level: str = "group",
+    std_level: str = "group",
+    mean_leave1out: bool = False,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Sequence-level advantages (B,) from sequence rewards."""
+    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
+        if level not in LEVELS:
+            raise ValueError(f"unknown adv_norm.{name} {level!r}; allowed: {', '.join(LEVELS)}")
+    B = rewards.shape[0]
+    if B % group_size:
+        raise ValueError(f"batch of {B} sequences is not a whole number of groups of {group_size}")
+    r = rewards.float()
+    grouped = r.view(B // group_size, group_size)  # (G, n)
+    flat = r.view(1, B)  # (1, B)
+
+    centred = _centre(grouped if mean_level == "group" else flat, mean_level, mean_leave1out).reshape(B)
+    if std_level == "none":
+        return centred
+    std = _std(grouped if std_level == "group" else flat)  # (G, 1) or (1, 1)
+    std = std.expand(-1, group_size if std_level == "group" else B).reshape(B)
+    return centred / (std + eps)
+
+
+def per_token(adv: Tensor, mask: Tensor) -> Tensor:
+    """Broadcast sequence advantages (B,) onto the generated tokens (B, T)."""
+    return torch.where(mask.bool(), adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype))
+
+
+def gae(
+    rewards: Tensor,  # (B, T) per-token rewards (a sequence reward sits on its last token)
+    values: Tensor,  # (B, T) critic values V(s_t)
+    mask: Tensor,  # (B, T) bool; tokens outside it are skipped and get 0
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """(advantages, returns), both (B, T).
+
+    delta_t = r_t + gamma V_{t'} - V_t and A_t = delta_t + gamma lam A_{t'}, where t' is
+    the next masked token of the same sequence (V = A = 0 after the last one).
+    Written as one reverse scan over T with batched ops.
+    """
+    mask = mask.bool()
+    B, T = rewards.shape
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    next_value = torch.zeros(B, dtype=torch.float32, device=rewards.device)
+    next_adv = torch.zeros(B, dtype=torch.float32, device=rewards.device)
+    for t in reversed(range(T)):
+        m = mask[:, t]
+        delta = rewards[:, t].float() + gamma * next_value - values[:, t].float()
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(m, a, torch.zeros_like(a))
+        next_value = torch.where(m, values[:, t].float(), next_value)
+        next_adv = torch.where(m, a, next_adv)
+    returns = torch.where(mask, adv + values.float(), torch.zeros_like(adv))
+    return adv, returns

@@ -1,0 +1,48 @@
+"""KL to a reference policy and per-token entropy.
+
+With x_t = theta_t - ref_t (log pi_theta / pi_ref on a token sampled from pi_theta's
+neighbourhood), Schulman's estimators of KL(pi_theta || pi_ref) are
+
+    k1 = x                   unbiased, high variance, can be negative
+    k2 = x^2 / 2             biased, low variance, >= 0
+    k3 = exp(-x) - 1 + x     unbiased, low variance, >= 0
+
+The KL can enter the loss (actor.kl_ctl with actor.kl_in_reward=false: added per token
+by `ppo_loss`) or the reward (kl_in_reward=true: each sequence's reward loses
+kl_ctl * sum_t KL_t before advantages are computed, as in classic RLHF PPO).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from a3po.algo.masked import masked_sum
+
+KL_ESTIMATORS = {
+    "k1": lambda x: x,
+    "k2": lambda x: 0.5 * x.square(),
+    "k3": lambda x: torch.expm1(-x) + x,
+}
+
+
+def kl_penalty(logp_theta: Tensor, logp_ref: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token KL estimate, (B, T); gradient flows through logp_theta."""
+    try:
+        fn = KL_ESTIMATORS[estimator]
+    except KeyError:
+        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}") from None
+    x = torch.nan_to_num(logp_theta - logp_ref.detach(), nan=0.0).clamp(-20.0, 20.0)
+    return fn(x)
+
+
+def kl_in_reward(rewards: Tensor, kl: Tensor, mask: Tensor, kl_ctl: float) -> Tensor:
+    """rewards (B,) minus kl_ctl times each sequence's summed KL (B, T) over its generated tokens."""
+    return rewards - kl_ctl * masked_sum(kl.detach(), mask.bool(), dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """H = -sum_v p_v log p_v over the last axis: (..., V) -> (...); -inf logits contribute 0."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)

@@ -1,0 +1,186 @@
+"""The decoupled PPO objective (DESIGN §4), and coupled PPO/GRPO as its special case.
+
+Per generated token t, with theta = current log-prob (grad), p = proximal, b = behaviour:
+
+    r_t = exp(theta_t - p_t)                                   trust-region ratio
+    s_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_clip, 1 + eps_clip_higher))
+          and, with dual clip c > 1, s_t = min(s_t, -c A_t) where A_t < 0
+    w_t = exp(p_t - b_t), detached                             behaviour importance weight
+          above behav_imp_weight_cap: *_mask drops the token (w = 0, it still counts in the
+          token-mean denominator, as in AReaL), *_truncate clamps w to the cap;
+          sequence_* uses the sequence's geometric-mean weight for all its tokens
+    loss = aggregate(s_t w_t) - entropy_coef * aggregate(H_t) + kl_coef * aggregate(KL_t)
+
+Options beyond the plain objective:
+- importance_sampling_level="sequence" (GSPO, arXiv 2507.18071): r is the geometric mean
+  of the sequence's token ratios, exp(mean_t(theta_t - p_t)), shared by its tokens.
+- m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
+  largest first, until the mean of the rest is at most the threshold.
+
+Coupled PPO/GRPO is p = b: w = 1 exactly, and `coupled_ppo_loss` spells that.
+
+Deliberate deviations from AReaL:
+- w is applied whenever this loss runs, with or without a cap (AReaL 1.0.4 applies it only
+  when a rejection-sampling filter is configured);
+- log-ratios are clamped to [-20, 20] before exp, and inputs on masked-out positions are
+  zeroed first, so -inf or huge log-probs never produce NaN/Inf in the loss or gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from a3po.algo.masked import aggregate, masked_mean
+
+LOG_RATIO_LIMIT = 20.0
+BEHAV_WEIGHT_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclass
+class LossTerms:
+    """Per-token diagnostics of one loss evaluation, all (B, T) and detached."""
+
+    mask: Tensor  # tokens that entered the loss (after M2PO)
+    ratio: Tensor  # r_t
+    clipped: Tensor  # bool: the clipped branch of the max was taken
+    dual_clipped: Tensor  # bool: the dual clip bound was taken
+    behav_weight: Tensor  # w_t before the cap
+    capped: Tensor  # bool: w_t exceeded the cap
+    m2_dropped: Tensor  # bool: removed by M2PO
+    pg: Tensor  # s_t * w_t
+
+
+def _safe_log_ratio(a: Tensor, b: Tensor) -> Tensor:
+    return torch.nan_to_num(a - b, nan=0.0).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+
+
+def m2po_keep_mask(logp_behav: Tensor, logp_prox: Tensor, mask: Tensor, m2_threshold: float) -> Tensor:
+    """M2PO: keep the largest set of tokens, dropping the biggest (b - p)^2 first, whose mean <= threshold."""
+    m2 = _safe_log_ratio(logp_behav, logp_prox).square()[mask]  # (N,)
+    if m2.numel() == 0:
+        return mask
+    order = torch.argsort(m2, descending=True)
+    sorted_m2 = m2[order]
+    # suffix_mean[k] = mean of sorted_m2[k:], the second moment after dropping the k largest
+    suffix_sum = sorted_m2.flip(0).cumsum(0).flip(0)
+    suffix_mean = suffix_sum / torch.arange(len(m2), 0, -1, device=m2.device, dtype=m2.dtype)
+    ok = suffix_mean <= m2_threshold
+    n_drop = int(ok.to(torch.int8).argmax()) if ok.any() else len(m2)
+    keep_sorted = torch.arange(len(m2), device=m2.device) >= n_drop
+    keep = torch.empty_like(keep_sorted)
+    keep[order] = keep_sorted
+    out = torch.zeros_like(mask)
+    out[mask] = keep
+    return out
+
+
+def behaviour_weight(
+    logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, cap: float | None, mode: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(w before cap, w applied, capped) per token; everything detached."""
+    log_w = _safe_log_ratio(logp_prox, logp_behav).detach()
+    level, _, action = mode.partition("_")
+    if level == "sequence":
+        log_w = masked_mean(log_w, mask, dim=-1).unsqueeze(-1).expand_as(log_w)  # (B, T)
+    elif level != "token":
+        raise ValueError(f"unknown behav_imp_weight_mode {mode!r}; allowed: {', '.join(BEHAV_WEIGHT_MODES)}")
+    w = torch.exp(log_w)
+    if cap is None:
+        return w, w, torch.zeros_like(mask)
+    capped = (w > cap) & mask
+    if action == "mask":
+        return w, torch.where(capped, torch.zeros_like(w), w), capped
+    if action == "truncate":
+        return w, w.clamp(max=cap), capped
+    raise ValueError(f"unknown behav_imp_weight_mode {mode!r}; allowed: {', '.join(BEHAV_WEIGHT_MODES)}")
+
+
+def ppo_loss(
+    logp_theta: Tensor,  # (B, T) current policy, carries the gradient
+    logp_prox: Tensor,  # (B, T) proximal policy, no gradient
+    logp_behav: Tensor,  # (B, T) behaviour policy from the inference engine
+    adv: Tensor,  # (B, T) per-token advantages
+    mask: Tensor,  # (B, T) bool, generated tokens that count
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    behav_imp_weight_cap: float | None = None,
+    behav_imp_weight_mode: str = "token_mask",
+    importance_sampling_level: str = "token",
+    m2_threshold: float | None = None,
+    agg_mode: str = "token-mean",
+    agg_norm: float = 1.0,
+    n_tokens: int | None = None,
+    n_seqs: int | None = None,
+    entropy: Tensor | None = None,  # (B, T) per-token entropy, with grad if it is a bonus
+    entropy_coef: float = 0.0,
+    kl: Tensor | None = None,  # (B, T) per-token KL to a reference policy (see kl.py)
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, LossTerms]:
+    """Scalar decoupled PPO loss and its per-token diagnostics."""
+    mask = mask.bool()
+    zero = torch.zeros((), dtype=logp_theta.dtype, device=logp_theta.device)
+    theta = torch.where(mask, logp_theta, zero)
+    prox = torch.where(mask, logp_prox.detach(), zero)
+    behav = torch.where(mask, logp_behav.detach(), zero)
+    adv = torch.where(mask, adv.detach(), zero)
+
+    # 1. M2PO: drop the tokens that push the second moment of log(p/b) over the threshold.
+    m2_dropped = torch.zeros_like(mask)
+    if m2_threshold is not None:
+        kept = m2po_keep_mask(behav, prox, mask, m2_threshold)
+        m2_dropped = mask & ~kept
+        mask = kept
+
+    # 2. Trust-region ratio r = pi_theta / pi_prox, per token or per sequence (GSPO).
+    log_r = _safe_log_ratio(theta, prox)
+    if importance_sampling_level == "sequence":
+        log_r = masked_mean(log_r, mask, dim=-1).unsqueeze(-1).expand_as(log_r)  # (B, T)
+    elif importance_sampling_level != "token":
+        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; allowed: token, sequence")
+    ratio = torch.exp(log_r)
+
+    # 3. Clipped surrogate s_t, with the optional dual clip for negative advantages.
+    eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
+    pg_unclipped = -adv * ratio
+    pg_clipped = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
+    pg = torch.maximum(pg_unclipped, pg_clipped)
+    clipped = (pg_clipped > pg_unclipped) & mask
+    dual_clipped = torch.zeros_like(mask)
+    if c_clip is not None:
+        bound = -adv * c_clip
+        dual_clipped = (adv < 0) & (pg > bound) & mask
+        pg = torch.where(dual_clipped, bound, pg)
+
+    # 4. Behaviour importance weight w = pi_prox / pi_behav, capped.
+    w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, behav_imp_weight_mode)
+    pg = pg * w
+
+    # 5. Aggregate, then the optional entropy bonus and KL penalty.
+    loss = aggregate(pg, mask, agg_mode, agg_norm, n_tokens, n_seqs)
+    if entropy is not None and entropy_coef != 0.0:
+        loss = loss - entropy_coef * aggregate(entropy, mask, agg_mode, agg_norm, n_tokens, n_seqs)
+    if kl is not None and kl_coef != 0.0:
+        loss = loss + kl_coef * aggregate(kl, mask, agg_mode, agg_norm, n_tokens, n_seqs)
+
+    terms = LossTerms(
+        mask=mask,
+        ratio=ratio.detach(),
+        clipped=clipped,
+        dual_clipped=dual_clipped,
+        behav_weight=w_raw,
+        capped=capped,
+        m2_dropped=m2_dropped,
+        pg=pg.detach(),
+    )
+    return loss, terms
+
+
+def coupled_ppo_loss(logp_theta: Tensor, logp_behav: Tensor, adv: Tensor, mask: Tensor, **kwargs) -> tuple[Tensor, LossTerms]:
+    """Coupled PPO/GRPO: the behaviour policy is also the proximal one (p = b, w = 1)."""
+    return ppo_loss(logp_theta, logp_behav, logp_behav, adv, mask, **kwargs)
