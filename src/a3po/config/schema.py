@@ -1,0 +1,176 @@
+"""The configuration schema: every key a3po reads, its type, default, range and meaning.
+
+Defaults live here and nowhere else; the embedded default run (`a3po train` with no
+arguments) is exactly these defaults. Key names follow AReaL's where AReaL has one
+(`actor.prox_logp_method`, `rollout.max_head_offpolicyness`, `gconfig.n_samples`, ...)
+so that its users need not relearn them. Each field's `help` is shown by
+`a3po train --help`; `choices` and the bounds `ge/gt/le/lt` are enforced at load time
+by `a3po.config.load`, which also checks the combinations in `check_consistency`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, help: str, **rules: Any) -> Any:
+    """A config field: default, one-line meaning, and validation rules (choices, ge, gt, le, lt)."""
+    meta = {"help": help, **rules}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, help: str) -> Any:
+    return field(default_factory=cls, metadata={"help": help})
+
+
+PROX_LOGP_METHODS = ("recompute", "loglinear", "linear", "reuse", "metrics")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = opt(1e-5, "AdamW learning rate", gt=0)
+    weight_decay: float = opt(0.0, "AdamW decoupled weight decay", ge=0)
+    beta1: float = opt(0.9, "AdamW beta1", ge=0, lt=1)
+    beta2: float = opt(0.999, "AdamW beta2", ge=0, lt=1)
+    eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    warmup_steps_proportion: float = opt(0.0, "share of total_train_steps spent in linear warm-up", ge=0, le=1)
+    lr_scheduler_type: str = opt("constant", "learning-rate schedule after warm-up", choices=("constant", "linear", "cosine"))
+    gradient_clipping: float = opt(1.0, "clip the global gradient norm to this value (0 disables)", ge=0)
+
+
+@dataclass
+class NormConfig:
+    mean_level: str = opt("group", "baseline subtracted from rewards: group mean (GRPO), batch mean, or none", choices=("group", "batch", "none"))
+    std_level: str = opt("group", "divide by the std of the group (GRPO), of the batch, or none (Dr.GRPO, RLOO)", choices=("group", "batch", "none"))
+    mean_leave1out: bool = opt(False, "leave-one-out baseline within the group (RLOO)")
+    eps: float = opt(1e-5, "added to the std before dividing", gt=0)
+
+
+@dataclass
+class MicroBatchConfig:
+    max_tokens_per_mb: int = opt(4096, "token budget of one micro-batch in the training forward/backward pass", ge=1)
+
+
+@dataclass
+class ActorConfig:
+    path: str = opt("smollm2-135m-instruct", "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
+    dtype: str = opt("bfloat16", "compute dtype of the training pass; bfloat16 keeps fp32 master weights", choices=("float32", "bfloat16"))
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); false = coupled PPO/GRPO")
+    prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO", choices=PROX_LOGP_METHODS)
+    eps_clip: float = opt(0.2, "PPO clip range below 1 (and above 1 unless eps_clip_higher is set)", gt=0, lt=1)
+    eps_clip_higher: float | None = opt(None, "PPO clip range above 1 (asymmetric clip); null = eps_clip", gt=0)
+    c_clip: float | None = opt(None, "dual-clip bound for negative advantages; null disables", gt=1)
+    behav_imp_weight_cap: float | None = opt(5.0, "cap on the behaviour importance weight exp(p - b); null disables", gt=1)
+    behav_imp_weight_mode: str = opt("token_mask", "what the cap does: drop (mask) or clamp (truncate), per token or per sequence", choices=("token_mask", "token_truncate", "sequence_mask", "sequence_truncate"))
+    importance_sampling_level: str = opt("token", "trust-region ratio per token (PPO) or per sequence (GSPO)", choices=("token", "sequence"))
+    m2_threshold: float | None = opt(None, "M2PO: drop tokens until the second moment of log(p/b) is below this; null disables", gt=0)
+    loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+    loss_agg_norm: float = opt(1.0, "constant divisor for seq-mean-token-sum (Dr.GRPO uses max_new_tokens)", gt=0)
+    ppo_n_minibatches: int = opt(1, "optimizer steps per training batch (the batch is split into this many minibatches)", ge=1)
+    kl_ctl: float = opt(0.0, "coefficient of the KL to the reference (initial) policy; 0 disables", ge=0)
+    kl_estimator: str = opt("k3", "KL estimator", choices=("k1", "k2", "k3"))
+    kl_in_reward: bool = opt(False, "subtract the KL from the reward instead of adding it to the loss")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient", ge=0)
+    reward_scaling: float = opt(1.0, "rewards become (r + reward_bias) * reward_scaling")
+    reward_bias: float = opt(0.0, "added to rewards before scaling")
+    reward_clip: float | None = opt(None, "clip shaped rewards to [-reward_clip, reward_clip]; null disables", gt=0)
+    adv_norm: NormConfig = section(NormConfig, "advantage normalisation")
+    discount: float = opt(1.0, "GAE discount gamma (critic-based advantages)", ge=0, le=1)
+    gae_lambda: float = opt(1.0, "GAE lambda (critic-based advantages)", ge=0, le=1)
+    mb_spec: MicroBatchConfig = section(MicroBatchConfig, "micro-batching")
+    optimizer: OptimizerConfig = section(OptimizerConfig, "optimizer")
+
+
+@dataclass
+class GenerationConfig:
+    n_samples: int = opt(8, "completions sampled per prompt (one group)", ge=1)
+    max_new_tokens: int = opt(24, "maximum tokens generated per completion", ge=1)
+    temperature: float = opt(1.0, "sampling temperature", gt=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
+    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables", ge=0)
+    stop: list = opt([], "extra stop strings (the tokenizer's end-of-sequence always stops)")
+
+
+@dataclass
+class RolloutConfig:
+    max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the trainer; 0 = synchronous", ge=0)
+    max_concurrent_rollouts: int | None = opt(None, "prompt groups generating at once; null = one training batch", ge=1)
+    n_workers: int = opt(1, "rollout worker processes", ge=1)
+    torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
+
+
+@dataclass
+class DatasetConfig:
+    task: str = opt("chain_sum", "reasoning-gym task (chain_sum, basic_arithmetic, gsm_symbolic, countdown) or 'file' for path")
+    task_params: dict = opt({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}, "parameters passed to the task generator")
+    path: str | None = opt(None, "JSONL/Parquet file or Hugging Face dataset directory, used with task=file")
+    question_key: str = opt("question", "column holding the prompt text")
+    answer_key: str = opt("answer", "column holding the reference answer (GSM8K '#### 72' accepted)")
+    reward: str = opt("task", "reward function: task (the task's scorer), math_verify, exact, or module:function")
+    batch_size: int = opt(8, "prompts per training step", ge=1)
+    size: int = opt(20000, "examples generated for a procedural task", ge=1)
+
+
+@dataclass
+class EvalConfig:
+    freq_steps: int = opt(10, "evaluate held-out greedy accuracy every this many steps; 0 disables", ge=0)
+    size: int = opt(64, "held-out examples (never seen in training)", ge=1)
+
+
+@dataclass
+class SaverConfig:
+    freq_steps: int = opt(10, "save a checkpoint every this many steps (and at the end); 0 = only at the end", ge=0)
+
+
+@dataclass
+class Config:
+    experiment_name: str = opt("a3po", "name of the run; the run directory is <fileroot>/<experiment_name>")
+    fileroot: str = opt("runs", "folder holding run directories")
+    seed: int = opt(1, "random seed for data order, sampling and initialisation", ge=0)
+    total_train_steps: int = opt(30, "training steps (optimizer versions) to run", ge=1)
+    actor: ActorConfig = section(ActorConfig, "the policy, its loss and optimizer")
+    gconfig: GenerationConfig = section(GenerationConfig, "sampling")
+    rollout: RolloutConfig = section(RolloutConfig, "asynchronous rollout")
+    train_dataset: DatasetConfig = section(DatasetConfig, "training data and reward")
+    evaluator: EvalConfig = section(EvalConfig, "held-out evaluation")
+    saver: SaverConfig = section(SaverConfig, "checkpoints")
+
+
+def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
+    """Combinations that are each valid alone but not together: (key, value, what is allowed).
+
+    Options that only matter under another setting are blamed only when changed from
+    their default, so `actor.use_decoupled_loss=false` alone is fine and a saved,
+    resolved config loads again.
+    """
+    a, base = cfg.actor, ActorConfig()
+    a_changed = {name for name in vars(a) if getattr(a, name) != getattr(base, name)}
+    problems = []
+    if a.prox_logp_method == "reuse" and a.ppo_n_minibatches != 1:
+        problems.append(("actor.ppo_n_minibatches", a.ppo_n_minibatches,
+                         "prox_logp_method=reuse is exact only with one gradient step per sample: set ppo_n_minibatches=1 or choose loglinear"))
+    if not a.use_decoupled_loss:
+        decoupled_only = ("prox_logp_method", "behav_imp_weight_cap", "behav_imp_weight_mode", "m2_threshold")
+        for name in decoupled_only:
+            if name in a_changed:
+                problems.append((f"actor.{name}", getattr(a, name),
+                                 "only meaningful with actor.use_decoupled_loss=true; set it or drop this key"))
+    if a.loss_agg_mode != "seq-mean-token-sum" and "loss_agg_norm" in a_changed:
+        problems.append(("actor.loss_agg_norm", a.loss_agg_norm, "only used with actor.loss_agg_mode=seq-mean-token-sum"))
+    if a.adv_norm.mean_leave1out and a.adv_norm.mean_level != "group":
+        problems.append(("actor.adv_norm.mean_leave1out", True, "needs actor.adv_norm.mean_level=group"))
+    if a.kl_in_reward and a.kl_ctl == 0:
+        problems.append(("actor.kl_in_reward", True, "has no effect with actor.kl_ctl=0; set kl_ctl > 0"))
+    r = cfg.rollout
+    if r.max_concurrent_rollouts is not None and r.max_concurrent_rollouts < r.n_workers:
+        problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts, f"at least rollout.n_workers={r.n_workers}"))
+    d = cfg.train_dataset
+    if d.task == "file" and not d.path:
+        problems.append(("train_dataset.path", d.path, "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
+    if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
+        problems.append(("gconfig.n_samples", 1, "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch"))
+    return problems

@@ -1,0 +1,1 @@
+"""Training: the step loop and the run it belongs to."""

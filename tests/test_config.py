@@ -1,0 +1,162 @@
+"""The configuration is strict: every bad input is one line naming key, value and what is allowed.
+
+Also: defaults round-trip through YAML, overrides are typed by the schema, and the
+CLI turns a ConfigError into exit code 2 without a traceback (real subprocesses).
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from a3po.config import Config, ConfigError, all_keys, dump_yaml, load_config
+from a3po.config.load import default_of
+
+
+def error_of(overrides=None, path=None) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(path, overrides)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_defaults_are_the_embedded_a3po_run():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg.actor.use_decoupled_loss is True
+    assert cfg.actor.prox_logp_method == "loglinear"
+    assert cfg.rollout.max_head_offpolicyness > 0
+    assert cfg.actor.path == "smollm2-135m-instruct"
+    assert cfg.train_dataset.task == "chain_sum"
+
+
+def test_every_key_has_help_and_a_default_that_passes_its_own_rules():
+    for key, f in all_keys().items():
+        assert f.metadata.get("help"), key
+        value = default_of(f)
+        if "choices" in f.metadata:
+            assert value in f.metadata["choices"], key
+
+
+def test_overrides_are_typed_by_the_schema():
+    cfg = load_config(None, [
+        "actor.optimizer.lr=3e-5", "experiment_name=007", "actor.eps_clip_higher=0.28",
+        "actor.c_clip=null", "gconfig.stop=[a, b]", "actor.use_decoupled_loss=true",
+        "train_dataset.task_params={min_terms: 3}",
+    ])
+    assert cfg.actor.optimizer.lr == pytest.approx(3e-5) and isinstance(cfg.actor.optimizer.lr, float)
+    assert cfg.experiment_name == "007"
+    assert cfg.actor.eps_clip_higher == pytest.approx(0.28)
+    assert cfg.actor.c_clip is None
+    assert cfg.gconfig.stop == ["a", "b"]
+    assert cfg.train_dataset.task_params == {"min_terms": 3}
+
+
+def test_yaml_file_then_overrides_win(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("actor:\n  optimizer:\n    lr: 1e-6\n  prox_logp_method: linear\ngconfig:\n  n_samples: 4\n")
+    cfg = load_config(p, ["gconfig.n_samples=6"])
+    assert cfg.actor.optimizer.lr == pytest.approx(1e-6)  # PyYAML's '1e-6' string accepted as a float
+    assert cfg.actor.prox_logp_method == "linear"
+    assert cfg.gconfig.n_samples == 6
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_config(None, ["actor.prox_logp_method=metrics", "rollout.max_head_offpolicyness=4"])
+    p = tmp_path / "resolved.yaml"
+    p.write_text(dump_yaml(cfg))
+    assert load_config(p) == cfg
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("actor.prox_logp_method=loglinar", ["actor.prox_logp_method", "'loglinar'", "recompute, loglinear", "did you mean 'loglinear'"]),
+    ("actor.eps_clp=0.3", ["unknown key 'actor.eps_clp'", "did you mean 'actor.eps_clip'"]),
+    ("prox_logp_method=recompute", ["did you mean 'actor.prox_logp_method'"]),
+    ("actor.eps_clip=2", ["actor.eps_clip", "2.0", "< 1"]),
+    ("gconfig.n_samples=0", ["gconfig.n_samples", ">= 1"]),
+    ("gconfig.n_samples=four", ["gconfig.n_samples", "'four'", "integer"]),
+    ("actor.use_decoupled_loss=maybe", ["actor.use_decoupled_loss", "true or false"]),
+    ("gconfig.temperature=null", ["gconfig.temperature='null'", "not a number"]),
+    ("actor=3", ["'actor' is a section", "actor.path="]),
+    ("no_equals_sign", ["must look like key=value"]),
+])
+def test_bad_override_names_key_value_and_what_is_allowed(override, needles):
+    msg = error_of([override])
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+@pytest.mark.parametrize("overrides, needles", [
+    (["actor.prox_logp_method=reuse", "actor.ppo_n_minibatches=4"], ["actor.ppo_n_minibatches=4", "reuse", "ppo_n_minibatches=1"]),
+    (["actor.use_decoupled_loss=false", "actor.prox_logp_method=recompute"], ["actor.prox_logp_method", "use_decoupled_loss=true"]),
+    (["actor.use_decoupled_loss=false", "actor.behav_imp_weight_cap=3"], ["actor.behav_imp_weight_cap", "use_decoupled_loss=true"]),
+    (["actor.loss_agg_norm=24"], ["actor.loss_agg_norm", "seq-mean-token-sum"]),
+    (["actor.adv_norm.mean_leave1out=true", "actor.adv_norm.mean_level=batch"], ["mean_leave1out", "mean_level=group"]),
+    (["train_dataset.task=file"], ["train_dataset.path", "task=file"]),
+    (["gconfig.n_samples=1"], ["gconfig.n_samples", "mean_level=batch"]),
+])
+def test_inconsistent_combinations_are_refused(overrides, needles):
+    msg = error_of(overrides)
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_coupled_loss_alone_is_fine_even_though_the_default_method_is_decoupled():
+    cfg = load_config(None, ["actor.use_decoupled_loss=false"])
+    assert cfg.actor.use_decoupled_loss is False
+
+
+def test_reuse_with_one_minibatch_is_accepted():
+    assert load_config(None, ["actor.prox_logp_method=reuse"]).actor.prox_logp_method == "reuse"
+
+
+def test_yaml_errors(tmp_path):
+    assert "does not exist" in error_of(path=tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor:\n  eps_clip: [0.2\n")
+    assert "not valid YAML" in error_of(path=bad) and "line" in error_of(path=bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    assert "mapping" in error_of(path=scalar)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("actor:\n  optimiser:\n    lr: 1.0e-5\n")
+    assert "did you mean 'actor.optimizer" in error_of(path=typo)
+    wrong_type = tmp_path / "type.yaml"
+    wrong_type.write_text("actor:\n  ppo_n_minibatches: 2.5\n")
+    assert "actor.ppo_n_minibatches=2.5" in error_of(path=wrong_type)
+    bool_as_int = tmp_path / "bool.yaml"
+    bool_as_int.write_text("gconfig:\n  n_samples: true\n")
+    assert "expected int" in error_of(path=bool_as_int)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "a3po.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bad_override_exits_2_with_one_line():
+    res = run_cli("train", "actor.prox_logp_method=loglinar")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr
+    assert lines[0].startswith("a3po: config error: actor.prox_logp_method='loglinar'")
+
+
+def test_cli_missing_config_file_exits_2(tmp_path):
+    res = run_cli("train", "--config", str(tmp_path / "nope.yaml"))
+    assert res.returncode == 2 and "does not exist" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_help_lists_every_key():
+    res = run_cli("train", "--help")
+    assert res.returncode == 0
+    for key in all_keys():
+        assert f"  {key} (" in res.stdout, key
+
+
+def test_cli_config_prints_loadable_yaml(tmp_path):
+    res = run_cli("config", "actor.prox_logp_method=linear")
+    assert res.returncode == 0
+    p = tmp_path / "out.yaml"
+    p.write_text(res.stdout)
+    assert load_config(p).actor.prox_logp_method == "linear"
