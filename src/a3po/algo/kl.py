@@ -45,4 +45,6 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """H = -sum_v p_v log p_v over the last axis: (..., V) -> (...); -inf logits contribute 0."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    # zero the -inf log-probs *before* the product: 0 * -inf would be NaN in the backward pass
+    finite_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
+    return -(p * finite_logp).sum(-1)

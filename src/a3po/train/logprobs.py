@@ -1,0 +1,85 @@
+"""Per-token log-probs and entropy from hidden states, one vocabulary chunk at a time.
+
+With SmolLM2's 49k vocabulary a (B*T, V) logits tensor for a 16 x 128 batch is 400 MB
+in fp32, and autograd would keep it, its softmax and its log-softmax alive until the
+backward pass. `token_logp_entropy` computes log pi(target) and the entropy row-chunk by
+row-chunk, keeps only the hidden states, and recomputes each chunk's logits in the
+backward pass, so at most one (chunk, V) block exists at any time.
+
+Gradients, with z the temperature-scaled logits of one row, p = softmax(z), t the target:
+    d log p_t / d z   = onehot(t) - p
+    d H / d z_j       = -p_j (log p_j + H)
+and z = h W^T / temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 24  # 16M logits (64 MB in fp32) per chunk
+
+
+def _rows_per_chunk(vocab: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocab)
+
+
+def _acc_dtype(t: Tensor) -> torch.dtype:
+    """Softmax statistics run in fp32 (fp64 when given fp64, for gradcheck)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _chunk_stats(h: Tensor, w: Tensor, targets: Tensor, temperature: float):
+    z = (h @ w.T).to(_acc_dtype(h)) / temperature  # (n, V)
+    lse = torch.logsumexp(z, dim=-1)  # (n,)
+    logp_all = z - lse[:, None]  # (n, V)
+    p = logp_all.exp()
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+    entropy = -(p * logp_all).sum(-1)  # (n,)
+    return logp, entropy, p, logp_all
+
+
+class _TokenLogpEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float):
+        ctx.set_materialize_grads(False)
+        w = weight.to(hidden.dtype)
+        n = _rows_per_chunk(weight.shape[0])
+        logp = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden), device=hidden.device)
+        entropy = torch.empty_like(logp)
+        for s in range(0, hidden.shape[0], n):
+            logp[s : s + n], entropy[s : s + n], _, _ = _chunk_stats(hidden[s : s + n], w, targets[s : s + n], temperature)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature = temperature
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp: Tensor | None, g_entropy: Tensor | None):
+        hidden, weight, targets = ctx.saved_tensors
+        w = weight.to(hidden.dtype)
+        grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        acc = _acc_dtype(hidden)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        n = _rows_per_chunk(weight.shape[0])
+        for s in range(0, hidden.shape[0], n):
+            h, t = hidden[s : s + n], targets[s : s + n]
+            _, ent, p, logp_all = _chunk_stats(h, w, t, ctx.temperature)
+            gz = torch.zeros_like(p)  # (n, V) gradient w.r.t. the scaled logits z
+            if g_logp is not None:
+                g = g_logp[s : s + n].to(acc)
+                gz -= p * g[:, None]
+                gz.scatter_add_(-1, t[:, None], g[:, None])
+            if g_entropy is not None:
+                g = g_entropy[s : s + n].to(acc)
+                gz -= g[:, None] * p * (logp_all + ent[:, None])
+            gz /= ctx.temperature
+            if grad_h is not None:
+                grad_h[s : s + n] = (gz.to(w.dtype) @ w).to(hidden.dtype)
+            if grad_w is not None:
+                grad_w += gz.T @ h.to(acc)
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
+
+
+def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """hidden (N, H), lm-head weight (V, H), targets (N,) -> (log pi(target), entropy), each (N,) fp32 (fp64 for fp64 input)."""
+    return _TokenLogpEntropy.apply(hidden, weight, targets, float(temperature))

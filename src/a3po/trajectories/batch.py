@@ -1,0 +1,98 @@
+"""Trajectory records and the padded (B, T) batch the trainer consumes.
+
+Every per-token field is indexed by the token it describes: position i holds token i,
+its behaviour log-prob log pi_behav(token_i | tokens_<i), the version of the weights
+that sampled it (-1 for prompt tokens), and whether the loss counts it. The trainer's
+own log-probs are placed on the same positions, so nothing is ever shifted relative to
+anything else (DESIGN §3: versions stay aligned with log-probs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Trajectory:
+    """One completion of one prompt, as the rollout engine produced it."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]  # behaviour log-probs of output_ids
+    output_versions: list[int]  # version of the weights that sampled each output token
+    reward: float = 0.0
+    group_id: int = 0  # completions of the same prompt share it
+    finish_reason: str = "stop"  # "stop" (end-of-sequence or stop string) or "length"
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        if len(self.output_logprobs) != n or len(self.output_versions) != n:
+            raise ValueError(
+                f"trajectory fields out of step: {n} output tokens, {len(self.output_logprobs)} log-probs, "
+                f"{len(self.output_versions)} versions"
+            )
+
+    @property
+    def oldest_version(self) -> int:
+        return min(self.output_versions) if self.output_versions else -1
+
+
+@dataclass
+class TrainBatch:
+    """B trajectories right-padded to T tokens."""
+
+    input_ids: Tensor  # (B, T) long, prompt then output then pad
+    attention_mask: Tensor  # (B, T) bool, real tokens
+    loss_mask: Tensor  # (B, T) bool, output tokens
+    logp_behav: Tensor  # (B, T) float, 0 outside loss_mask
+    versions: Tensor  # (B, T) long, -1 outside loss_mask
+    advantages: Tensor  # (B, T) float, 0 outside loss_mask
+    rewards: Tensor  # (B,) float
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def select(self, rows: Tensor | list[int]) -> "TrainBatch":
+        """The given rows, trimmed to their longest sequence (tight padding)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        length = int(self.attention_mask[rows].sum(-1).max()) if len(rows) else 0
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)[rows]
+            picked[f.name] = value[:, :length] if value.dim() == 2 else value
+        return TrainBatch(**picked)
+
+
+def collate(trajs: list[Trajectory], advantages: Tensor | None = None, pad_id: int = 0) -> TrainBatch:
+    """Pad trajectories into a TrainBatch; `advantages` (B,) are spread over each output."""
+    B = len(trajs)
+    T = max(len(t.prompt_ids) + len(t.output_ids) for t in trajs)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    logp = torch.zeros(B, T, dtype=torch.float32)
+    versions = torch.full((B, T), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        p, n = len(t.prompt_ids), len(t.output_ids)
+        input_ids[i, : p + n] = torch.tensor(t.prompt_ids + t.output_ids, dtype=torch.long)
+        attention_mask[i, : p + n] = True
+        loss_mask[i, p : p + n] = True
+        logp[i, p : p + n] = torch.tensor(t.output_logprobs, dtype=torch.float32)
+        versions[i, p : p + n] = torch.tensor(t.output_versions, dtype=torch.long)
+    adv = torch.zeros(B) if advantages is None else advantages.float()
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        logp_behav=logp,
+        versions=versions,
+        advantages=torch.where(loss_mask, adv[:, None], torch.zeros(())),
+        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+    )

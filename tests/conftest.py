@@ -1,0 +1,30 @@
+"""Shared fixtures: a real tiny random Llama with a real byte-level tokenizer."""
+
+import copy
+
+import pytest
+import torch
+
+from a3po.config import load_config
+from a3po.models import load_policy
+
+
+@pytest.fixture(scope="session")
+def _tiny():
+    return load_policy("tiny", seed=0)
+
+
+@pytest.fixture
+def tiny(_tiny):
+    """(model, tokenizer); the model is a fresh copy each test may change."""
+    model, tok = _tiny
+    return copy.deepcopy(model), tok
+
+
+def actor_cfg(*overrides: str):
+    return load_config(None, ["actor.dtype=float32", "actor.optimizer.lr=1e-3", *overrides]).actor
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
