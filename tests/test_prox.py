@@ -250,12 +250,14 @@ def test_proximal_lies_between_behaviour_and_current(method, tokens, current):
 
 @pytest.mark.parametrize("method", ["loglinear", "linear"])
 def test_prompt_tokens_are_untouched(method):
-    b = bt([-2.0, -3.0, -1.0, -2.0])
-    theta = bt([-0.1, -0.2, -0.3, -1.0])
-    versions = vt([-1, -1, 0, 0])  # two prompt tokens, two tokens of staleness 10
+    # b far below theta on a prompt token: any leak of theta (even weighted 1e-30) would show
+    b = bt([-2.0, -90.0, -1.0, -2.0, -90.0])
+    theta = bt([-0.1, -0.2, -0.3, -1.0, -0.2])
+    versions = vt([-1, -1, 0, 0, 10])  # two prompt tokens, two tokens of staleness 10, one of 0
     p = proximal_logp(method, b, theta, versions, 10)
     assert torch.equal(p[:, :2], b[:, :2])
-    assert bool((p[:, 2:] != b[:, 2:]).all())  # and the generated ones did move
+    assert torch.equal(p[:, 4:], b[:, 4:])
+    assert bool((p[:, 2:4] != b[:, 2:4]).all())  # and the stale generated ones did move
 
 
 # ----------------------------------------------------------------------------- -inf and huge values
@@ -272,6 +274,9 @@ def test_extreme_logps_give_no_nan_in_p(method):
     p = proximal_logp(method, b, theta, versions, 5)
     assert not p.isnan().any()
     assert not (p == INF).any()
+    # prompt and fresh (d = 0) tokens keep p = b exactly, whatever theta is
+    fresh = (versions == 5) | (versions == -1)
+    assert torch.equal(p[fresh], b[fresh])
     # p may be -inf only where an input is -inf
     assert bool(((p == -INF) <= ((b == -INF) | (theta == -INF))).all())
     if method == "linear":
@@ -465,13 +470,9 @@ def test_approximation_errors_with_inf_inputs_are_not_nan():
     assert errs["loglinear"].abs[0, 0] == 0 and errs["behav"].abs[0, 0] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG prox.approximation_errors: _finite() only maps +-inf/NaN, so a huge but finite "
-    "difference (b = truth = -1e30, theta = -1, d = 2: loglinear p_hat - p = 5e29) reaches "
-    "diff.square() and overflows to inf in float32 (while a -inf difference is capped at log(1e30))",
-)
 def test_approximation_errors_with_huge_logps_stay_finite():
+    # Regression: at 7a1ee9b _finite() mapped only +-inf/NaN, so this finite difference of 5e29
+    # reached diff.square() and overflowed to inf in float32.
     b = bt([-1e30])
     theta = bt([-1.0])
     truth = bt([-1e30])  # the truth agrees with b; loglinear moves halfway to theta: -5e29

@@ -1,6 +1,6 @@
 """The `a3po` command line.
 
-    a3po train [--config FILE] [--resume RUN_DIR] [key=value ...]
+    a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
 
 With no arguments `a3po train` runs the embedded default (the schema's defaults).
@@ -15,7 +15,7 @@ import textwrap
 
 from a3po import __version__
 from a3po.config import ConfigError, all_keys, dump_yaml, load_config
-from a3po.config.load import default_of, type_name
+from a3po.config.load import default_of, presets, type_name
 
 EXIT_USAGE = 2
 
@@ -33,7 +33,8 @@ def keys_help() -> str:
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="YAML file of configuration keys")
+    p.add_argument("--preset", metavar="NAME", help=f"start from a built-in preset ({', '.join(presets())})")
+    p.add_argument("--config", metavar="FILE", help="YAML file of configuration keys (applied over the preset)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override one key, e.g. actor.prox_logp_method=recompute")
 
 
@@ -68,7 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        cfg = load_config(args.config, args.overrides)
+        if getattr(args, "resume", None):
+            from a3po.train.run import resume_config
+
+            if args.config or args.preset:
+                raise ConfigError("--resume takes its configuration from the run directory; drop --config/--preset (key=value overrides are allowed)")
+            cfg = resume_config(args.resume, args.overrides)
+        else:
+            cfg = load_config(args.config, args.overrides, preset=args.preset)
     except ConfigError as e:
         print(f"a3po: config error: {e}", file=sys.stderr)
         return EXIT_USAGE

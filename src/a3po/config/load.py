@@ -212,9 +212,29 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Schema defaults, then the YAML file, then the overrides; validated throughout."""
-    tree = read_yaml(path) if path is not None else {}
+PRESETS = Path(__file__).resolve().parent.parent / "presets"
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None) -> Config:
+    """Schema defaults, then a preset, then the YAML file, then the overrides; validated throughout."""
+    tree = {}
+    if preset is not None:
+        if preset not in presets():
+            raise ConfigError(f"unknown preset '{preset}'{_suggest(preset, presets())}; available: {', '.join(presets())}")
+        tree = read_yaml(PRESETS / f"{preset}.yaml")
+    if path is not None:
+        tree = _merge(tree, read_yaml(path))
     tree = apply_overrides(tree, list(overrides or []))
     cfg = _build(Config, tree)
     problems = check_consistency(cfg)

@@ -101,6 +101,7 @@ class RolloutConfig:
     max_concurrent_rollouts: int | None = opt(None, "prompt groups generating at once; null = one training batch", ge=1)
     n_workers: int = opt(1, "rollout worker processes", ge=1)
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
+    dtype: str = opt("float32", "parameter dtype of the rollout engines' model copy", choices=("float32", "bfloat16"))
 
 
 @dataclass
@@ -111,8 +112,12 @@ class DatasetConfig:
     question_key: str = opt("question", "column holding the prompt text")
     answer_key: str = opt("answer", "column holding the reference answer (GSM8K '#### 72' accepted)")
     reward: str = opt("task", "reward function: task (the task's scorer), math_verify, exact, or module:function")
+    system_prompt: str | None = opt(None, "system message put before each question; null = the chat template's default")
     batch_size: int = opt(8, "prompts per training step", ge=1)
     size: int = opt(20000, "examples generated for a procedural task", ge=1)
+    reward_timeout_s: float = opt(5.0, "a reward call running longer than this scores 0 and counts as a failure", gt=0)
+    max_reward_failure_frac: float = opt(0.5, "stop the run when more than this share of a step's reward calls failed", ge=0, le=1)
+    dynamic_filtering: bool = opt(False, "drop groups whose rewards are all equal (no learning signal) and refill from the dataset")
 
 
 @dataclass
@@ -124,6 +129,14 @@ class EvalConfig:
 @dataclass
 class SaverConfig:
     freq_steps: int = opt(10, "save a checkpoint every this many steps (and at the end); 0 = only at the end", ge=0)
+    keep_last: int = opt(1, "checkpoints kept on disk (older ones are removed once a newer one is complete)", ge=1)
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = opt(True, "write TensorBoard event files into the run directory")
+    wandb: bool = opt(False, "also log to Weights & Biases (needs `pip install wandb` and a login)")
+    wandb_project: str = opt("a3po", "W&B project name")
 
 
 @dataclass
@@ -138,6 +151,7 @@ class Config:
     train_dataset: DatasetConfig = section(DatasetConfig, "training data and reward")
     evaluator: EvalConfig = section(EvalConfig, "held-out evaluation")
     saver: SaverConfig = section(SaverConfig, "checkpoints")
+    logging: LoggingConfig = section(LoggingConfig, "metrics sinks")
 
 
 def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:

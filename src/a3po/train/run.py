@@ -1,37 +1,186 @@
-"""Entry point of `a3po train`.
+"""`a3po train`: set up a run, drive the training loop, keep what it produced.
 
-The asynchronous system (rollout workers, trajectory queue, trainer, weight sync) is
-built in the issues that follow the foundation; until then this prints the plan the
-resolved configuration describes, so the command and its config handling are real.
+A run directory (RUN_DIR = <fileroot>/<experiment_name>, suffixed -2, -3, ... if taken)
+holds config.yaml (the resolved configuration), metrics.jsonl (one line per step),
+tb/ (TensorBoard) and checkpoints/ (Hugging Face format plus resume state).
+`a3po train --resume RUN_DIR` reloads its config and newest checkpoint and continues with
+the same step count, version, optimizer, scheduler, RNG and data position.
+
+Exit codes: 0 done, 1 failed during training (message printed), 2 bad configuration,
+data or model (one line), 130 interrupted (workers stopped, last checkpoint intact).
 """
 
 from __future__ import annotations
 
-from a3po.algo import get_method
-from a3po.config import Config
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from tqdm import tqdm
+
+from a3po.config import Config, ConfigError, dump_yaml, load_config, to_dict
+from a3po.data import DataError, SafeReward, build_reward, load_task
+from a3po.data.order import DataOrder
+from a3po.models import ModelSourceError, load_policy
+from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
+from a3po.sync import SharedWeights
+from a3po.train.checkpoint import latest_checkpoint, load_run_state, save_checkpoint
+from a3po.train.engine import TrainEngine
+from a3po.train.evaluate import evaluate
+from a3po.train.loop import RewardFailureError, StalenessError, Trainer
+from a3po.train.sinks import Sinks
+
+USER_ERRORS = (ConfigError, DataError, ModelSourceError)
 
 
-def describe(cfg: Config) -> str:
-    a, g, r, d = cfg.actor, cfg.gconfig, cfg.rollout, cfg.train_dataset
-    method = get_method(a.prox_logp_method) if a.use_decoupled_loss else None
-    loss = (
-        f"decoupled PPO, proximal log-probs by '{method.name}'"
-        f" ({'one extra forward pass per step' if method.needs_recompute else 'no extra forward pass'})"
-        if method else "coupled PPO/GRPO (proximal = behaviour policy)"
-    )
-    mode = "synchronous (eta = 0)" if r.max_head_offpolicyness == 0 else f"asynchronous, staleness bound eta = {r.max_head_offpolicyness}"
-    return "\n".join([
-        f"model     {a.path} ({a.dtype})",
-        f"task      {d.task} {d.task_params if d.task != 'file' else d.path}, reward: {d.reward}",
-        f"batch     {d.batch_size} prompts x {g.n_samples} samples, up to {g.max_new_tokens} new tokens, T={g.temperature}",
-        f"loss      {loss}; clip {a.eps_clip}/{a.eps_clip_higher or a.eps_clip}, {a.ppo_n_minibatches} minibatch(es)",
-        f"rollout   {mode}, {r.n_workers} worker(s)",
-        f"steps     {cfg.total_train_steps}, lr {a.optimizer.lr}, eval every {cfg.evaluator.freq_steps}",
-    ])
+def new_run_dir(cfg: Config) -> Path:
+    base = Path(cfg.fileroot) / cfg.experiment_name
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    path.mkdir(parents=True)
+    return path
+
+
+def resume_config(run_dir: str, overrides: list[str]) -> Config:
+    path = Path(run_dir)
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there; pass a run directory made by `a3po train`")
+    if latest_checkpoint(path) is None:
+        raise ConfigError(f"--resume {run_dir}: it has no complete checkpoint to resume from")
+    return load_config(path / "config.yaml", overrides)
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def train(cfg: Config, resume: str | None = None) -> int:
-    print("a3po train: resolved plan")
-    print(describe(cfg))
-    print("the training loop is not built yet: this run stops after validating the configuration")
+    try:
+        return _train(cfg, resume)
+    except USER_ERRORS as e:
+        say(f"a3po: error: {e}")
+        return 2
+
+
+def _train(cfg: Config, resume: str | None) -> int:
+    t_start = time.perf_counter()
+    transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
+    # Setup: everything that can fail on bad input fails here, before any process starts.
+    data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
+    reward_fn = build_reward(cfg.train_dataset, data)
+    model, tok = load_policy(cfg.actor.path, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
+    torch.set_num_threads(trainer_threads)
+    total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
+    engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature)
+
+    if resume:
+        run_dir = Path(resume)
+        ckpt = latest_checkpoint(run_dir)
+        engine.load(ckpt)
+        state = load_run_state(ckpt)
+        start_step, cursor = state["step"], state["data_cursor"]
+        say(f"a3po: resuming {run_dir} from {ckpt.name} (step {start_step})")
+    else:
+        run_dir = new_run_dir(cfg)
+        start_step, cursor = 0, 0
+    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    order = DataOrder(len(data.train), cfg.seed, cursor)
+
+    say(f"a3po: run directory {run_dir}")
+    say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
+        f"model {cfg.actor.path}; {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
+    weights = SharedWeights(engine.model.state_dict())
+    pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
+    sinks = None
+    trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
+    eval_reward = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
+    history: list[dict] = []
+    step = start_step
+    try:
+        sinks = Sinks(run_dir, cfg.logging.tensorboard, cfg.logging.wandb, cfg.logging.wandb_project,
+                      to_dict(cfg), resume_step=start_step if resume else None)
+        if not resume:
+            say("a3po: evaluating the initial policy on the held-out split ...")
+            first = {**evaluate(engine.model, tok, data.eval, eval_reward, cfg), "perf/eval_s": 0.0}
+            sinks.log(0, first)
+            history.append({"step": 0, **first})
+        pool.wait_ready()
+        bar = tqdm(total=cfg.total_train_steps, initial=start_step, desc="a3po train", unit="step", dynamic_ncols=True)
+        last_acc = history[-1].get("eval/accuracy") if history else None
+        while step < cfg.total_train_steps:
+            stats = trainer.step()
+            step = engine.version
+            if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
+                t0 = time.perf_counter()
+                stats.update(evaluate(engine.model, tok, data.eval, eval_reward, cfg))
+                stats["perf/eval_s"] = time.perf_counter() - t0
+                last_acc = stats["eval/accuracy"]
+            sinks.log(step, stats)
+            history.append({"step": step, **stats})
+            if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
+                save_checkpoint(run_dir, step, engine, tok, {
+                    "step": step, "version": engine.version, "data_cursor": trainer.resume_cursor(),
+                }, keep=cfg.saver.keep_last)
+            bar.set_postfix_str(_postfix(stats, last_acc), refresh=False)
+            bar.update(1)
+        bar.close()
+    except KeyboardInterrupt:
+        say(f"\na3po: interrupted at step {step}; rollout workers stopped; "
+            f"last checkpoint: {latest_checkpoint(run_dir) or 'none yet'}")
+        return 130
+    except (WorkerError, RewardFailureError, StalenessError, FloatingPointError) as e:
+        say(f"a3po: training stopped at step {step}: {e}")
+        return 1
+    finally:
+        pool.close()
+        if sinks is not None:
+            sinks.close()
+    print(summary(history, run_dir, time.perf_counter() - t_start))
     return 0
+
+
+def _postfix(stats: dict, acc: float | None) -> str:
+    parts = [f"reward {stats['rollout/reward_mean']:.2f}"]
+    if acc is not None:
+        parts.append(f"eval {acc:.2f}")
+    parts += [
+        f"stale {stats['stale/mean']:.1f}/{stats['stale/max']:.0f}",
+        f"{stats['perf/tokens_per_s']:.0f} tok/s",
+        f"wait {stats['perf/rollout_wait_s']:.1f}s train {stats['perf/train_s']:.1f}s "
+        f"prox {stats['perf/prox_logp_s']:.2f}s sync {stats['perf/weight_sync_s']:.2f}s",
+    ]
+    return " | ".join(parts)
+
+
+def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
+    """The table printed at the end of a run."""
+    steps = [h for h in history if h["step"] > 0 and "rollout/reward_mean" in h]
+    evals = [h for h in history if "eval/accuracy" in h]
+    mean = lambda rows, k: sum(r[k] for r in rows) / max(1, len(rows))
+    head, tail = steps[:5], steps[-5:]
+    lines = [
+        "",
+        "a3po run summary",
+        f"  run directory            {run_dir}",
+        f"  steps                    {steps[-1]['step'] if steps else 0}",
+        f"  wall time                {wall_s:.0f} s",
+    ]
+    if evals:
+        lines.append(f"  held-out accuracy        {evals[0]['eval/accuracy']:.3f} (step {evals[0]['step']}) -> "
+                     f"{evals[-1]['eval/accuracy']:.3f} (step {evals[-1]['step']})")
+    if steps:
+        lines += [
+            f"  task reward (first/last 5 steps)  {mean(head, 'rollout/reward_mean'):.3f} -> {mean(tail, 'rollout/reward_mean'):.3f}",
+            f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / {max(s['stale/max'] for s in steps):.0f}",
+            f"  time per step            {mean(steps, 'perf/step_s'):.2f} s (rollout wait {mean(steps, 'perf/rollout_wait_s'):.2f}, "
+            f"prox logp {mean(steps, 'perf/prox_logp_s'):.2f}, train {mean(steps, 'perf/train_s'):.2f}, "
+            f"weight sync {mean(steps, 'perf/weight_sync_s'):.2f})",
+            f"  generated tokens/s       {mean(steps, 'perf/tokens_per_s'):.0f}",
+        ]
+    return "\n".join(lines)

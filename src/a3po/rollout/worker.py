@@ -1,0 +1,164 @@
+"""A rollout worker process: its own inference engine, fed prompt groups, returning scored groups.
+
+The trainer spawns one process per worker (`rollout.n_workers`), each with its own torch
+thread count (DESIGN §6: separate processes with their own threads barely slow each other,
+threads in one process fight over the GIL in the decode loop). A worker's inbox is FIFO,
+so weights published for version v are loaded before any prompt admitted at version v
+is started: a token never carries a version older than the one its group was admitted at.
+
+Messages in:  Work (one prompt group), LoadWeights (version), Stop.
+Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, WorkerFailed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from a3po.config import Config
+from a3po.data import Example, SafeReward
+from a3po.rollout.engine import Completion, GenerationRequest
+from a3po.rollout.prompts import encode_prompt
+from a3po.trajectories import Trajectory
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Work:
+    slot: int  # admission index; the group is trained on at version slot // batch_size
+    example: Example
+    greedy: bool = False
+
+
+@dataclass
+class LoadWeights:
+    version: int
+
+
+@dataclass
+class Stop:
+    pass
+
+
+@dataclass
+class Ready:
+    worker_id: int
+
+
+@dataclass
+class GroupDone:
+    worker_id: int
+    slot: int
+    example_index: int
+    trajectories: list[Trajectory]
+    reward_failures: list[str] = field(default_factory=list)
+    gen_seconds: float = 0.0
+
+
+@dataclass
+class WeightsLoaded:
+    worker_id: int
+    version: int
+    seconds: float
+
+
+@dataclass
+class WorkerFailed:
+    worker_id: int
+    message: str
+
+
+def request_seed(seed: int, slot: int, sample: int) -> int:
+    """Each sample's random stream depends on the run seed and its slot only, not on the worker."""
+    return (seed * 1_000_003 + slot) * 1024 + sample
+
+
+class _Worker:
+    def __init__(self, worker_id: int, cfg: Config, reward_fn, weights, version: int, outbox):
+        from a3po.models import load_policy
+        from a3po.rollout.local import LocalEngine
+
+        self.id, self.cfg, self.outbox = worker_id, cfg, outbox
+        model, self.tok = load_policy(cfg.actor.path, dtype=DTYPES[cfg.rollout.dtype], seed=cfg.seed)
+        self.shared = weights
+        self.engine = LocalEngine(
+            model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
+            max_batch=max(cfg.gconfig.n_samples, 64), pad_id=self.tok.pad_token_id, version=version,
+        )
+        self.engine.update_weights(weights, version)
+        self.reward = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
+        self.groups: dict[int, tuple[Work, list[Completion], float]] = {}
+
+    def start(self, work: Work) -> None:
+        g = self.cfg.gconfig
+        ids = encode_prompt(self.tok, work.example, self.cfg.train_dataset.system_prompt)
+        for i in range(g.n_samples):
+            self.engine.submit(GenerationRequest(
+                ids, g.max_new_tokens, rid=(work.slot, i), temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                stop=tuple(g.stop), seed=request_seed(self.cfg.seed, work.slot, i),
+            ))
+        self.groups[work.slot] = (work, [], time.perf_counter())
+
+    def finish(self, c: Completion) -> None:
+        slot, _ = c.rid
+        work, done, t0 = self.groups[slot]
+        done.append(c)
+        if len(done) < self.cfg.gconfig.n_samples:
+            return
+        del self.groups[slot]
+        done.sort(key=lambda x: x.rid[1])
+        trajs, failures = [], []
+        for comp in done:
+            reward, failure = self.reward(self.tok.decode(comp.output_ids, skip_special_tokens=True), work.example)
+            if failure:
+                failures.append(failure)
+            trajs.append(Trajectory(comp.prompt_ids, comp.output_ids, comp.output_logprobs, comp.output_versions,
+                                    reward=reward, group_id=slot, finish_reason=comp.finish_reason))
+        self.outbox.put(GroupDone(self.id, slot, work.example.index, trajs, failures, time.perf_counter() - t0))
+
+    def handle(self, msg) -> bool:
+        """Apply one control message; False means stop."""
+        if isinstance(msg, Stop):
+            return False
+        if isinstance(msg, LoadWeights):
+            t0 = time.perf_counter()
+            self.engine.update_weights(self.shared, msg.version)
+            self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0))
+        elif isinstance(msg, Work):
+            self.start(msg)
+        return True
+
+
+def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, outbox) -> None:
+    """Entry point of a spawned rollout worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us cleanly
+    torch.set_num_threads(threads)
+    parent = os.getppid()
+    try:
+        w = _Worker(worker_id, cfg, reward_fn, weights, version, outbox)
+        outbox.put(Ready(worker_id))
+        running = True
+        while running:
+            idle = w.engine.num_pending == 0
+            msgs = []
+            try:
+                msgs.append(inbox.get(timeout=1.0) if idle else inbox.get_nowait())
+                while True:
+                    msgs.append(inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for m in msgs:
+                running = running and w.handle(m)
+            if os.getppid() != parent:  # the trainer died without stopping us
+                return
+            for c in w.engine.step():
+                w.finish(c)
+    except Exception as e:  # reported to the trainer, which stops the run with this message
+        outbox.put(WorkerFailed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

@@ -1,0 +1,69 @@
+"""Where per-step metrics go: metrics.jsonl (always), TensorBoard, Weights & Biases.
+
+`Sinks.log(step, metrics)` writes one JSON line per step and forwards scalars to the
+enabled backends; call sites never branch on which backends are on. metrics.jsonl is
+flushed after every line, so a crash loses at most the step in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class Sinks:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: bool = False, wandb_project: str = "a3po",
+                 config: dict | None = None, resume_step: int | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        if resume_step is not None:
+            truncate_after(self.path, resume_step)
+        self._file = self.path.open("a")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+        self._wandb = None
+        if wandb:
+            try:
+                import wandb as wandb_mod
+            except ImportError:
+                raise ValueError("logging.wandb=true needs the wandb package: pip install wandb (then wandb login)") from None
+            self._wandb = wandb_mod.init(project=wandb_project, config=config, dir=str(run_dir), resume="allow")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        self._file.flush()
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                if self._tb is not None:
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep only the records of steps <= step: a resumed run rewrites what came after its checkpoint."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # a line cut short by a crash
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,142 @@
+"""`a3po train` end to end on the tiny model, as a user runs it: real subprocesses, real workers.
+
+Proves: asynchronous runs (eta >= 2) never train on a token staler than eta, and some
+sequences really carry two versions after an in-flight weight update; eta = 0 trains
+only on fresh tokens; a resumed run continues the step count with no duplicated or
+missing metrics; Ctrl-C stops every process and leaves the last checkpoint intact; bad
+configuration, a missing dataset file and an unknown task exit with code 2 and one line.
+"""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from a3po.train.checkpoint import latest_checkpoint, load_run_state
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--preset", "tiny", "logging.tensorboard=false"]
+
+
+def a3po(*args, cwd, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_steps(rows):
+    return [r for r in rows if "stale/max" in r]
+
+
+def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
+    eta = 2
+    res = a3po(*TINY, f"rollout.max_head_offpolicyness={eta}", "total_train_steps=8", "gconfig.max_new_tokens=32",
+               "evaluator.freq_steps=4", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = tmp_path / "runs" / "tiny"
+    rows = metrics(run)
+    steps = train_steps(rows)
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    assert all(r["stale/max"] <= eta for r in steps)
+    assert max(r["stale/max"] for r in steps) >= 1  # it really ran ahead of the trainer
+    assert any(r["rollout/two_version_frac"] > 0 for r in steps), "no sequence spanned a weight update"
+    assert rows[0]["step"] == 0 and "eval/accuracy" in rows[0]
+    assert "held-out accuracy" in res.stdout and (run / "config.yaml").exists()
+    ckpt = latest_checkpoint(run)
+    assert ckpt.name == "step_000008" and (ckpt / "model.safetensors").exists()
+
+
+def test_synchronous_run_trains_only_on_fresh_tokens(tmp_path):
+    res = a3po(*TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    steps = train_steps(metrics(tmp_path / "runs" / "tiny"))
+    assert len(steps) == 4
+    assert all(r["stale/max"] == 0 and r["stale/mean"] == 0 for r in steps)
+    assert all(r["rollout/two_version_frac"] == 0 for r in steps)
+
+
+def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
+    res = a3po(*TINY, "total_train_steps=4", "saver.freq_steps=2", "saver.keep_last=2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = tmp_path / "runs" / "tiny"
+    # make it look like a crash during step 4: metrics up to step 3, newest checkpoint step 2
+    rows = metrics(run)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
+    shutil.rmtree(run / "checkpoints" / "step_000004")
+    (run / "checkpoints" / "latest").write_text("step_000002")
+    res = a3po("--resume", str(run), "total_train_steps=6", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "resuming" in res.stderr
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(0, 7))
+    assert load_run_state(latest_checkpoint(run))["step"] == 6
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "a3po.cli", "train", *TINY, "total_train_steps=400",
+                             "saver.freq_steps=2", "evaluator.freq_steps=0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "runs" / "tiny"
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(run) is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert latest_checkpoint(run) is not None, proc.stderr.read() if proc.poll() is not None else "no checkpoint"
+    kids = children_of(proc.pid)
+    assert kids, "the trainer has no worker processes"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert not [k for k in kids if alive(k)], "worker processes outlived the trainer"
+    ckpt = latest_checkpoint(run)
+    state = load_run_state(ckpt)
+    assert (ckpt / "model.safetensors").exists() and state["step"] >= 2
+    # and it resumes from there
+    res = a3po("--resume", str(run), f"total_train_steps={state['step'] + 2}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    steps = [r["step"] for r in metrics(run)]
+    assert steps == list(range(0, state["step"] + 3))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["rollout.max_head_offpolicyness=-1"], "rollout.max_head_offpolicyness=-1"),
+    (["train_dataset.task=file", "train_dataset.path=missing.jsonl"], "missing.jsonl"),
+    (["train_dataset.task=chain_summ"], "chain_sum"),
+    (["actor.path=./no/such/model"], "no/such/model"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+    res = a3po(*TINY, *args, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = [l for l in res.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr
