@@ -182,15 +182,10 @@ def test_grpo_advantages_sum_to_zero_and_have_unit_std_per_group(case):
     assert bool((a[~spread] == 0).all())  # all-equal groups: exactly 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG advantages.normalize_advantages: the group mean is total / n in float32, which for "
-    "rewards that are not dyadic (0.7, 0.1, 6.2275...) differs from the rewards by an ulp; std is "
-    "exactly 0, so (r - mean) / (0 + eps) turns that ulp into a same-sign advantage of up to ~0.05",
-)
 @pytest.mark.parametrize("value, n", [(0.7, 8), (0.1, 16), (6.227503627083578, 3)])
 def test_grpo_all_equal_non_dyadic_group_gives_zero(value, n):
-    # at 7a1ee9b: 0.7 x 8 -> every advantage 0.0059; 0.1 x 16 -> -0.00074; 6.2275 x 3 -> 0.045
+    # a float32 mean is off by an ulp for non-dyadic rewards, and / (0 + eps) blows that up
+    # (0.7 x 8 gave 0.0059 each); the mean is taken in float64, where it is exact
     a = normalize_advantages(torch.full((n,), value), group_size=n)
     torch.testing.assert_close(a, torch.zeros(n), rtol=0, atol=1e-6)
 

@@ -58,16 +58,16 @@ def normalize_advantages(
     B = rewards.shape[0]
     if B % group_size:
         raise ValueError(f"batch of {B} sequences is not a whole number of groups of {group_size}")
-    r = rewards.float()
+    r = rewards.double()  # in float64 a group of equal float32 rewards has exactly their value as mean
     grouped = r.view(B // group_size, group_size)  # (G, n)
     flat = r.view(1, B)  # (1, B)
 
     centred = _centre(grouped if mean_level == "group" else flat, mean_level, mean_leave1out).reshape(B)
     if std_level == "none":
-        return centred
+        return centred.float()
     std = _std(grouped if std_level == "group" else flat)  # (G, 1) or (1, 1)
     std = std.expand(-1, group_size if std_level == "group" else B).reshape(B)
-    return centred / (std + eps)
+    return (centred / (std + eps)).float()
 
 
 def per_token(adv: Tensor, mask: Tensor) -> Tensor:

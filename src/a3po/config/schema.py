@@ -111,7 +111,7 @@ class DatasetConfig:
     path: str | None = opt(None, "JSONL/Parquet file or Hugging Face dataset directory, used with task=file")
     question_key: str = opt("question", "column holding the prompt text")
     answer_key: str = opt("answer", "column holding the reference answer (GSM8K '#### 72' accepted)")
-    reward: str = opt("task", "reward function: task (the task's scorer), math_verify, exact, or module:function")
+    reward: str = opt("exact", "reward function: exact (final number equals the answer), task (the task's own scorer, may give partial credit), math_verify, or module:function")
     system_prompt: str | None = opt(None, "system message put before each question; null = the chat template's default")
     batch_size: int = opt(8, "prompts per training step", ge=1)
     size: int = opt(20000, "examples generated for a procedural task", ge=1)
