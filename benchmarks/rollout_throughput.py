@@ -175,13 +175,18 @@ def main() -> None:
     ap.add_argument("--no-mixed", dest="mixed", action="store_false", help="skip the continuous-batching workload")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    t0, load_start = time.perf_counter(), os.getloadavg()[0]
+    if load_start > 0.5:
+        print(f"warning: load average {load_start:.1f} at start: other processes share the cores and timings "
+              f"will be noisy (with --threads {args.threads})", file=sys.stderr)
 
-    t0 = time.perf_counter()
     results = {m: bench_model(m, args) for m in args.models.split(",")}
     print_table(results, args)
+    print(f"load average (1 min): {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     record = {
         "benchmark": "rollout_throughput", "batch": args.batch, "max_new_tokens": args.max_new_tokens,
         "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats, "wall_s": round(time.perf_counter() - t0, 1),
+        "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "models": {m: {
             "params": r["params"],
             "tok_s": {arm: round(a["tok_s"], 1) for arm, a in r["arms"].items()},

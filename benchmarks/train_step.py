@@ -1,6 +1,6 @@
 """Benchmark: one training step (`TrainEngine.ppo_update`) with each way of getting the proximal log-probs.
 
-    python benchmarks/train_step.py [--model smollm2-135m-instruct] [--dtype bfloat16] [--batch 16]
+    python benchmarks/train_step.py [--model smollm2-135m-instruct] [--dtype auto|bfloat16|float32] [--batch 8]
         [--prompt-len 40] [--output-len 64] [--minibatches 1,4] [--repeats 3] [--warmup 1] [--threads N]
 
 Arms, at each `actor.ppo_n_minibatches` in --minibatches:
@@ -11,7 +11,12 @@ Every arm trains a deep copy of the same initial weights on the same fixed batch
 sequences of `--prompt-len` random prompt tokens and `--output-len` random output tokens,
 whose behaviour log-probs are the model's own (`compute_logp`, version 0, so the first step
 is on-policy) and whose advantages are fixed random numbers. Each arm keeps its engine
-across its steps; arms alternate inside each repeat, after `--warmup` untimed steps each.
+across its steps; arms alternate inside each repeat, after `--warmup` untimed steps each on
+the first row only (cheap; it allocates the optimizer state and warms the kernels).
+
+`--dtype auto` is actor.dtype=bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16
+or AMX, as on the machine of DESIGN §6) and float32 elsewhere: on an AVX2-only CPU, torch's
+bf16 matmuls are several times slower than fp32 (measured 11x on a whole training step).
 
 Reported per arm: wall time of `ppo_update` (median, min..max), the time spent in the
 proximal log-prob forward pass (`perf/prox_logp_s` from the step's stats) and its share of
@@ -54,6 +59,12 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, n: int, prompt_len: int,
     return batch
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); without it torch emulates them slowly."""
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
 def arms_for(minibatches: list[int]) -> list[tuple[str, int]]:
     out = []
     for m in minibatches:
@@ -64,8 +75,9 @@ def arms_for(minibatches: list[int]) -> list[tuple[str, int]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="actor.path (tiny-256x4 for a quick run)")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16", help="actor.dtype")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="actor.dtype; auto = bfloat16 if the CPU has native bf16 matmuls, else float32")
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=40)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--minibatches", default="1,4", help="comma-separated actor.ppo_n_minibatches values")
@@ -74,7 +86,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    t_start = time.perf_counter()
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if native_bf16() else "float32"
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
+    if load_start > 0.5:
+        print(f"warning: load average {load_start:.1f} at start: other processes share the cores and timings "
+              f"will be noisy (with --threads {args.threads})", file=sys.stderr)
 
     base, tok = load_policy(args.model, dtype=torch.float32, seed=0)
     arms = arms_for([int(m) for m in args.minibatches.split(",")])
@@ -93,10 +110,11 @@ def main() -> None:
 
     step_s: dict = {a: [] for a in arms}
     prox_s: dict = {a: [] for a in arms}
+    warm = batch.select([0])
     for rep in range(-args.warmup, args.repeats):
         for arm, engine in engines.items():
             t0 = time.perf_counter()
-            stats = engine.ppo_update(batch)
+            stats = engine.ppo_update(warm if rep < 0 else batch)
             dt = time.perf_counter() - t0
             tag = "warm-up" if rep < 0 else f"repeat {rep + 1}/{args.repeats}"
             print(f"  {arm[0]:<10} mb={arm[1]} {tag}: step {dt:.2f} s, prox {stats['perf/prox_logp_s']:.2f} s",
@@ -124,11 +142,13 @@ def main() -> None:
         spread = f"{r['min_s']:.2f}..{r['max_s']:.2f}s"
         print(f"{method:<12}{m:>12}{r['median_s']:>12.2f}s{spread:>16}{r['prox_s']:>10.2f}s{r['prox_share']:>8.0%}"
               f"{r['speedup']:>17.2f}x")
+    print(f"load average (1 min): {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
     record = {
         "benchmark": "train_step", "model": args.model, "params": n_params, "dtype": args.dtype,
         "batch": B, "seq": T, "prompt_len": args.prompt_len, "output_len": args.output_len,
         "threads": args.threads, "repeats": args.repeats, "warmup": args.warmup,
         "wall_s": round(time.perf_counter() - t_start, 1),
+        "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "arms": [{"method": method, "minibatches": m, "step_median_s": round(r["median_s"], 4),
                   "step_min_s": round(r["min_s"], 4), "step_max_s": round(r["max_s"], 4),
                   "prox_logp_s": round(r["prox_s"], 4), "prox_share": round(r["prox_share"], 4),

@@ -57,7 +57,7 @@ class MicroBatchConfig:
 @dataclass
 class ActorConfig:
     path: str = opt("smollm2-135m-instruct", "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
-    dtype: str = opt("bfloat16", "compute dtype of the training pass; bfloat16 keeps fp32 master weights", choices=("float32", "bfloat16"))
+    dtype: str = opt("auto", "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); false = coupled PPO/GRPO")
     prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO", choices=PROX_LOGP_METHODS)

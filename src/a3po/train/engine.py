@@ -11,7 +11,8 @@ One training step (`ppo_update`) reads top to bottom:
   3. version += 1, and statistics.
 
 Weights stay fp32 (master copy); with dtype=bfloat16 the forward/backward run under
-CPU autocast, about 3x faster here (DESIGN §6). Log-probs are computed only on output
+autocast, about 3x faster on CPUs with AMX/AVX512-BF16 (DESIGN §6) but 10-16x slower on
+AVX2-only CPUs, hence dtype=auto. Log-probs are computed only on output
 tokens and one vocabulary chunk at a time (train/logprobs.py). The micro-batch token
 budget counts padded tokens, so micro-batches are formed from length-sorted rows and
 trimmed to their own longest row (tight padding).
@@ -34,6 +35,23 @@ from a3po.train.optim import build_optimizer
 from a3po.trajectories import TrainBatch
 
 STATE_FILE = "trainer_state.pt"
+
+
+def native_bf16() -> bool:
+    """bf16 matmuls are fast only with hardware support; on an AVX2-only CPU they run 10-16x slower than fp32."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str) -> str:
+    if name == "auto":
+        return "bfloat16" if native_bf16() else "float32"
+    return name
 
 
 def micro_batches(batch: TrainBatch, max_tokens: int) -> list[list[int]]:
@@ -59,6 +77,7 @@ class TrainEngine:
     def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0):
         self.model = model.float()
         self.cfg = cfg
+        self.dtype = resolve_dtype(cfg.dtype)
         self.temperature = temperature
         self.version = 0
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
@@ -76,7 +95,7 @@ class TrainEngine:
     # -- forward --------------------------------------------------------------------------
 
     def _autocast(self):
-        if self.cfg.dtype == "bfloat16":
+        if self.dtype == "bfloat16":
             return torch.autocast("cpu" if self.model.device.type == "cpu" else self.model.device.type, dtype=torch.bfloat16)
         return nullcontext()
 

@@ -94,7 +94,7 @@ def _train(cfg: Config, resume: str | None) -> int:
 
     say(f"a3po: run directory {run_dir}")
     say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
-        f"model {cfg.actor.path}; {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
+        f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
     weights = SharedWeights(engine.model.state_dict())
     pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
     sinks = None
@@ -107,7 +107,9 @@ def _train(cfg: Config, resume: str | None) -> int:
                       to_dict(cfg), resume_step=start_step if resume else None)
         if not resume:
             say("a3po: evaluating the initial policy on the held-out split ...")
-            first = {**evaluate(engine.model, tok, data.eval, eval_reward, cfg), "perf/eval_s": 0.0}
+            t0 = time.perf_counter()
+            first = evaluate(engine.model, tok, data.eval, eval_reward, cfg)
+            first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
         pool.wait_ready()
