@@ -1,7 +1,7 @@
 """Benchmark: generated tokens per second of the local rollout engine against Hugging Face `model.generate`.
 
     python benchmarks/rollout_throughput.py [--models tiny-256x4,smollm2-135m-instruct] [--batch 16]
-        [--max-new-tokens 16] [--repeats 3] [--threads N] [--dtype float32|bfloat16] [--no-mixed]
+        [--max-new-tokens 32] [--repeats 3] [--threads N] [--dtype float32|bfloat16] [--no-mixed]
 
 For each model, in the same run and with the same weights, prompts and sampling settings
 (temperature 1, top-p 1, no top-k; chat-templated short sums such as "What is 7 + 12?"):
@@ -51,7 +51,8 @@ def arithmetic_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     out = []
     for _ in range(n):
         q = f"What is {rng.randint(1, 20)} + {rng.randint(1, 20)}?"
-        text = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        messages = [{"role": "user", "content": q}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         out.append(tokenizer.encode(text, add_special_tokens=False))
     return out
 
@@ -89,7 +90,8 @@ def hf_static_batches(model, pad_id: int, prompts: list[list[int]], max_new: lis
     return useful
 
 
-def measure(arms: dict[str, Callable[[int], int]], warmups: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict]:
+def measure(arms: dict[str, Callable[[int], int]], warmups: dict[str, Callable[[], object]],
+            repeats: int) -> dict[str, dict]:
     """Tokens/s of each arm, arms alternating inside each repeat, after one small untimed warm-up call each."""
     for fn in warmups.values():
         fn()
@@ -101,13 +103,15 @@ def measure(arms: dict[str, Callable[[int], int]], warmups: dict[str, Callable[[
             n = fn(rep)
             secs[name].append(time.perf_counter() - t0)
             toks[name].add(n)
-            print(f"  {name:<12} repeat {rep + 1}/{repeats}: {n} tokens in {secs[name][-1]:.2f} s", file=sys.stderr, flush=True)
+            print(f"  {name:<12} repeat {rep + 1}/{repeats}: {n} tokens in {secs[name][-1]:.2f} s",
+                  file=sys.stderr, flush=True)
     out = {}
     for name in arms:
         (n,) = toks[name]  # the same token count every repeat
         s = summary(secs[name])
         rates = [n / t for t in secs[name]]
-        out[name] = {**s, "tokens": n, "tok_s": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates)}
+        out[name] = {**s, "tokens": n, "tok_s": statistics.median(rates),
+                     "tok_s_min": min(rates), "tok_s_max": max(rates)}
     return out
 
 
@@ -146,7 +150,7 @@ def bench_model(name: str, args) -> dict:
 def print_table(results: dict[str, dict], args) -> None:
     print(f"rollout throughput: batch {args.batch}, max_new_tokens {args.max_new_tokens}, {args.dtype}, "
           f"{args.threads} thread(s), {args.repeats} repeats, torch {torch.__version__}")
-    print(f"{'model':<24}{'arm':<13}{'tokens':>8}{'tok/s median':>14}{'min..max':>18}{'s/call':>9}{'local/hf':>10}")
+    print(f"{'model':<32}{'arm':<13}{'tokens':>8}{'tok/s median':>14}{'min..max':>18}{'s/call':>9}{'local/hf':>10}")
     for model, r in results.items():
         arms = r["arms"]
         for arm, a in arms.items():
@@ -158,7 +162,8 @@ def print_table(results: dict[str, dict], args) -> None:
                 ratio = ""
             spread = f"{a['tok_s_min']:.0f}..{a['tok_s_max']:.0f}"
             label = f"{model} ({r['params'] / 1e6:.1f}M)" if arm == "local" else ""
-            print(f"{label:<24}{arm:<13}{a['tokens']:>8}{a['tok_s']:>14.0f}{spread:>18}{a['median_s']:>9.2f}{ratio:>10}")
+            print(f"{label:<32}{arm:<13}{a['tokens']:>8}{a['tok_s']:>14.0f}{spread:>18}{a['median_s']:>9.2f}"
+                  f"{ratio:>10}")
     if args.mixed:
         print("mixed: 2 x batch requests with max_new_tokens in [max_new_tokens/4, max_new_tokens]; "
               "tokens = useful tokens (hf-mixed also computes padding steps that are thrown away)")
@@ -168,33 +173,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="tiny-256x4,smollm2-135m-instruct", help="comma-separated actor.path values")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--dtype", choices=list(DTYPES), default="float32", help="model weights and compute dtype, both arms")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                    help="model weights and compute dtype, both arms")
     ap.add_argument("--no-mixed", dest="mixed", action="store_false", help="skip the continuous-batching workload")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0, load_start = time.perf_counter(), os.getloadavg()[0]
     if load_start > 0.5:
-        print(f"warning: load average {load_start:.1f} at start: other processes share the cores and timings "
-              f"will be noisy (with --threads {args.threads})", file=sys.stderr)
+        print(f"warning: load average {load_start:.1f} at start: other processes may share the cores and timings "
+              f"may be noisy (with --threads {args.threads})", file=sys.stderr)
 
     results = {m: bench_model(m, args) for m in args.models.split(",")}
     print_table(results, args)
     print(f"load average (1 min): {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    ratio = lambda r, a, b: round(r["arms"][a]["tok_s"] / r["arms"][b]["tok_s"], 3)  # noqa: E731
     record = {
         "benchmark": "rollout_throughput", "batch": args.batch, "max_new_tokens": args.max_new_tokens,
-        "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats, "wall_s": round(time.perf_counter() - t0, 1),
+        "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats,
+        "wall_s": round(time.perf_counter() - t0, 1),
         "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         "models": {m: {
             "params": r["params"],
             "tok_s": {arm: round(a["tok_s"], 1) for arm, a in r["arms"].items()},
             "tok_s_min": {arm: round(a["tok_s_min"], 1) for arm, a in r["arms"].items()},
             "tok_s_max": {arm: round(a["tok_s_max"], 1) for arm, a in r["arms"].items()},
-            "local_over_hf": round(r["arms"]["local"]["tok_s"] / r["arms"]["hf"]["tok_s"], 3),
-            **({"local_mixed_over_hf_mixed": round(r["arms"]["local-mixed"]["tok_s"] / r["arms"]["hf-mixed"]["tok_s"], 3)}
-               if args.mixed else {}),
+            "local_over_hf": ratio(r, "local", "hf"),
+            **({"local_mixed_over_hf_mixed": ratio(r, "local-mixed", "hf-mixed")} if args.mixed else {}),
         } for m, r in results.items()},
     }
     print(json.dumps(record))

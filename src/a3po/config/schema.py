@@ -31,7 +31,7 @@ PROX_LOGP_METHODS = ("recompute", "loglinear", "linear", "reuse", "metrics")
 
 @dataclass
 class OptimizerConfig:
-    lr: float = opt(1e-5, "AdamW learning rate", gt=0)
+    lr: float = opt(2e-5, "AdamW learning rate", gt=0)
     weight_decay: float = opt(0.0, "AdamW decoupled weight decay", ge=0)
     beta1: float = opt(0.9, "AdamW beta1", ge=0, lt=1)
     beta2: float = opt(0.999, "AdamW beta2", ge=0, lt=1)
@@ -87,7 +87,7 @@ class ActorConfig:
 
 @dataclass
 class GenerationConfig:
-    n_samples: int = opt(8, "completions sampled per prompt (one group)", ge=1)
+    n_samples: int = opt(4, "completions sampled per prompt (one group)", ge=1)
     max_new_tokens: int = opt(24, "maximum tokens generated per completion", ge=1)
     temperature: float = opt(1.0, "sampling temperature", gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
@@ -107,13 +107,13 @@ class RolloutConfig:
 @dataclass
 class DatasetConfig:
     task: str = opt("chain_sum", "reasoning-gym task (chain_sum, basic_arithmetic, gsm_symbolic, countdown) or 'file' for path")
-    task_params: dict = opt({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}, "parameters passed to the task generator")
+    task_params: dict = opt({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, "parameters passed to the task generator")
     path: str | None = opt(None, "JSONL/Parquet file or Hugging Face dataset directory, used with task=file")
     question_key: str = opt("question", "column holding the prompt text")
     answer_key: str = opt("answer", "column holding the reference answer (GSM8K '#### 72' accepted)")
     reward: str = opt("exact", "reward function: exact (final number equals the answer), task (the task's own scorer, may give partial credit), math_verify, or module:function")
     system_prompt: str | None = opt(None, "system message put before each question; null = the chat template's default")
-    batch_size: int = opt(8, "prompts per training step", ge=1)
+    batch_size: int = opt(4, "prompts per training step", ge=1)
     size: int = opt(20000, "examples generated for a procedural task", ge=1)
     reward_timeout_s: float = opt(5.0, "a reward call running longer than this scores 0 and counts as a failure", gt=0)
     max_reward_failure_frac: float = opt(0.5, "stop the run when more than this share of a step's reward calls failed", ge=0, le=1)
@@ -144,7 +144,7 @@ class Config:
     experiment_name: str = opt("a3po", "name of the run; the run directory is <fileroot>/<experiment_name>")
     fileroot: str = opt("runs", "folder holding run directories")
     seed: int = opt(1, "random seed for data order, sampling and initialisation", ge=0)
-    total_train_steps: int = opt(30, "training steps (optimizer versions) to run", ge=1)
+    total_train_steps: int = opt(20, "training steps (optimizer versions) to run", ge=1)
     actor: ActorConfig = section(ActorConfig, "the policy, its loss and optimizer")
     gconfig: GenerationConfig = section(GenerationConfig, "sampling")
     rollout: RolloutConfig = section(RolloutConfig, "asynchronous rollout")
