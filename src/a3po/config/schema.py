@@ -122,13 +122,13 @@ class DatasetConfig:
 
 @dataclass
 class EvalConfig:
-    freq_steps: int = opt(10, "evaluate held-out greedy accuracy every this many steps; 0 disables", ge=0)
+    freq_steps: int = opt(8, "evaluate held-out greedy accuracy every this many steps; 0 disables", ge=0)
     size: int = opt(64, "held-out examples (never seen in training)", ge=1)
 
 
 @dataclass
 class SaverConfig:
-    freq_steps: int = opt(10, "save a checkpoint every this many steps (and at the end); 0 = only at the end", ge=0)
+    freq_steps: int = opt(8, "save a checkpoint every this many steps (and at the end); 0 = only at the end", ge=0)
     keep_last: int = opt(1, "checkpoints kept on disk (older ones are removed once a newer one is complete)", ge=1)
 
 
@@ -144,7 +144,7 @@ class Config:
     experiment_name: str = opt("a3po", "name of the run; the run directory is <fileroot>/<experiment_name>")
     fileroot: str = opt("runs", "folder holding run directories")
     seed: int = opt(1, "random seed for data order, sampling and initialisation", ge=0)
-    total_train_steps: int = opt(20, "training steps (optimizer versions) to run", ge=1)
+    total_train_steps: int = opt(16, "training steps (optimizer versions) to run", ge=1)
     actor: ActorConfig = section(ActorConfig, "the policy, its loss and optimizer")
     gconfig: GenerationConfig = section(GenerationConfig, "sampling")
     rollout: RolloutConfig = section(RolloutConfig, "asynchronous rollout")
