@@ -189,7 +189,7 @@ class LocalEngine:
             torch.tensor([r.top_p for r in rs]),
         )  # (B, V)
         tokens = draw(logp, [r.generator for r in self._running])
-        raw = torch.log_softmax(logits, -1)
+        raw = torch.log_softmax(logits, -1) if greedy.any() else logp  # raw log-probs only for greedy rows
         tokens = torch.where(greedy, raw.argmax(-1), tokens)
         chosen = torch.where(greedy[:, None], raw, logp).gather(-1, tokens[:, None]).squeeze(-1)
         bad = ~torch.isfinite(chosen)  # rounding past the last kept token
