@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from a3po.algo import LossTerms, approximation_errors, approx_error_stats, get_method, kl_penalty, loss_stats, ppo_loss, proximal_logp, staleness_stats
+from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
 from a3po.train.logprobs import token_logp_entropy
 from a3po.train.optim import build_optimizer
@@ -225,8 +226,6 @@ class TrainEngine:
         out["loss/total"] = float(sum(p["loss"] for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
         out.update(staleness_stats(cat("versions"), v, mask))
         if "errors" in pieces[0]:
-            from a3po.algo.prox import ApproxErrors
-
             errs = {name: ApproxErrors(**{k: torch.cat([p["errors"][name][k] for p in pieces])[None] for k in ("abs", "rel", "sq", "iw")})
                     for name in pieces[0]["errors"]}
             out.update(approx_error_stats(errs, mask, cat("versions"), v))
