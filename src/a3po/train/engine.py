@@ -82,8 +82,9 @@ class TrainEngine:
         self.temperature = temperature
         self.version = 0
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
-        if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        if cfg.gradient_checkpointing:  # transformers 5 renamed it; older releases only have the old name
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or self.model.gradient_checkpointing_enable
+            enable()
         self.model.config.use_cache = False
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optimizer, total_optimizer_steps)
         self.ref_model = None
