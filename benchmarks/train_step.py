@@ -16,9 +16,9 @@ same in all arms. Arms alternate inside each repeat, after `--warmup` untimed wa
 each on the first row only (cheap; it warms the kernels and allocator of that code path).
 Only one engine lives at a time (model, gradients and AdamW state: ~2 GB for SmolLM2).
 
-`--dtype auto` is actor.dtype=bfloat16 where the CPU multiplies bf16 natively (AVX512-BF16
-or AMX, as on the machine of DESIGN §6) and float32 elsewhere: on an AVX2-only CPU, torch's
-bf16 matmuls are several times slower than fp32 (measured 11x on a whole training step).
+`--dtype auto` resolves as actor.dtype=auto does (`resolve_dtype`): bfloat16 where the hardware
+computes it natively (AVX512-BF16 or AMX, as on the machine of DESIGN §6), else float32: on an
+AVX2-only CPU, torch's bf16 matmuls are several times slower than fp32 (11x on a whole step).
 
 Reported per arm: wall time of `ppo_update` (median, min..max), the time spent in the
 proximal log-prob forward pass (`perf/prox_logp_s` from the step's stats) and its share of
@@ -44,7 +44,7 @@ from _timing import summary  # noqa: E402
 
 from a3po.config import load_config  # noqa: E402
 from a3po.models import load_policy  # noqa: E402
-from a3po.train.engine import TrainEngine  # noqa: E402
+from a3po.train.engine import TrainEngine, resolve_dtype  # noqa: E402
 from a3po.trajectories import Trajectory, collate  # noqa: E402
 
 
@@ -61,12 +61,6 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, n: int, prompt_len: int,
     return batch
 
 
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); without it torch emulates them slowly."""
-    caps = torch.cpu.get_capabilities()
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-
-
 def arms_for(minibatches: list[int]) -> list[tuple[str, int]]:
     out = []
     for m in minibatches:
@@ -78,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="actor.path (tiny-256x4 for a quick run)")
     ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                    help="actor.dtype; auto = bfloat16 if the CPU has native bf16 matmuls, else float32")
+                    help="actor.dtype; auto = bfloat16 where the hardware computes it natively, else float32")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=40)
     ap.add_argument("--output-len", type=int, default=64)
@@ -88,8 +82,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.dtype == "auto":
-        args.dtype = "bfloat16" if native_bf16() else "float32"
+    args.dtype = resolve_dtype(args.dtype)  # shown resolved in the table
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     if load_start > 0.5:
         print(f"warning: load average {load_start:.1f} at start: other processes may share the cores and timings "
