@@ -193,7 +193,7 @@ class TrainEngine:
         loss.backward()
         m = mb.loss_mask
         piece = {
-            "loss": loss.detach() * 1.0,
+            "loss": loss.detach(),
             "mask": m[m], "loss_mask_m2": terms.mask[m], "ratio": terms.ratio[m], "clipped": terms.clipped[m],
             "dual_clipped": terms.dual_clipped[m], "behav_weight": terms.behav_weight[m], "capped": terms.capped[m],
             "m2_dropped": terms.m2_dropped[m], "pg": terms.pg[m], "logp": logp.detach()[m], "prox": prox[m],
@@ -234,9 +234,11 @@ class TrainEngine:
 
     # -- checkpoints and weight export ----------------------------------------------------
 
-    def export_weights(self) -> dict[str, Tensor]:
-        """Detached copies of every weight under its Hugging Face name, tied ones included."""
-        return {k: t.detach().clone() for k, t in self.model.state_dict().items()}
+    def weights(self) -> dict[str, Tensor]:
+        """Every weight under its Hugging Face name, tied ones included, for weight sync.
+
+        Live views, not copies: the sync copies them once, straight into shared memory."""
+        return self.model.state_dict()
 
     def save(self, directory: str | Path, tokenizer=None) -> None:
         """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume."""

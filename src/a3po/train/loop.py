@@ -15,7 +15,7 @@ and the same code is synchronous on-policy training.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -46,7 +46,6 @@ class Collected:
     groups: list[GroupDone]
     wait_s: float
     filtered: int = 0
-    load_s: list[float] = field(default_factory=list)
 
 
 class Trainer:
@@ -146,7 +145,7 @@ class Trainer:
             msg = self.pool.receive(timeout=1.0)
             if msg is not None:
                 got.filtered += self._handle(msg)
-        self.weights.publish(self.engine.model.state_dict())
+        self.weights.publish(self.engine.weights())
         self.pool.load_weights(self.engine.version)
         stats["perf/weight_sync_s"] = time.perf_counter() - t0
 

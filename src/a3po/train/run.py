@@ -95,7 +95,7 @@ def _train(cfg: Config, resume: str | None) -> int:
     say(f"a3po: run directory {run_dir}")
     say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
         f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
-    weights = SharedWeights(engine.model.state_dict())
+    weights = SharedWeights(engine.weights())
     pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
     sinks = None
     trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
