@@ -310,7 +310,9 @@ def test_approx_error_stats_grouped_by_staleness():
         for kind in ("abs", "rel", "sq", "iw")
         for suffix in ("", "/d1", "/d2")
     }
+    expected_keys |= {"prox_err/tokens/d1", "prox_err/tokens/d2"}
     assert set(stats) == expected_keys  # no d0, no d3: only staleness present in the mask
+    assert (stats["prox_err/tokens/d1"], stats["prox_err/tokens/d2"]) == (1.0, 1.0)
     assert stats["prox_err/loglinear/abs"] == pytest.approx(0.875)
     assert stats["prox_err/loglinear/abs/d1"] == pytest.approx(1.0)
     assert stats["prox_err/loglinear/abs/d2"] == pytest.approx(0.75)
@@ -323,4 +325,5 @@ def test_approx_error_stats_grouped_by_staleness():
     # without versions: only the overall means
     plain = approx_error_stats(errors, mask)
     assert set(plain) == {k for k in expected_keys if "/d" not in k}
+    assert not any(k.startswith("prox_err/tokens") for k in plain)
     assert plain["prox_err/loglinear/abs"] == stats["prox_err/loglinear/abs"]

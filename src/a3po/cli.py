@@ -2,6 +2,8 @@
 
     a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
+    a3po bench step [options]                      time one training step per proximal method
+    a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
 
 With no arguments `a3po train` runs the embedded default (the schema's defaults).
 A bad configuration prints one line and exits with code 2, never a traceback.
@@ -38,6 +40,65 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override one key, e.g. actor.prox_logp_method=recompute")
 
 
+def _csv(kind):
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def _add_bench_parsers(sub) -> None:
+    from a3po.bench.args import ARM_NAMES, METHODS, StepBenchArgs
+
+    bench = sub.add_parser("bench", help="measure A-3PO against the forward pass it removes (step, e2e)",
+                           description="Benchmarks whose ratios are measured side by side in one run.")
+    kinds = bench.add_subparsers(dest="bench", metavar="KIND")
+    d = StepBenchArgs()
+    step = kinds.add_parser("step", help="one training step per proximal method, with its breakdown",
+                            description="Time ppo_update on one fixed batch for each proximal method at each "
+                                        "minibatch count, and the proximal computation alone.")
+    step.add_argument("--model", default=d.model, help="actor.path (tiny-256x4 for a quick run)")
+    step.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=d.dtype)
+    step.add_argument("--batch", type=int, default=d.batch, help="sequences in the batch")
+    step.add_argument("--prompt-len", type=int, default=d.prompt_len)
+    step.add_argument("--output-len", type=int, default=d.output_len)
+    step.add_argument("--minibatches", type=_csv(int), default=d.minibatches, help="e.g. 1,4")
+    step.add_argument("--methods", type=_csv(str), default=d.methods, help=f"subset of {','.join(METHODS)}")
+    step.add_argument("--repeats", type=int, default=d.repeats)
+    step.add_argument("--warmup", type=int, default=d.warmup, help="untimed one-row steps per arm first")
+    step.add_argument("--threads", type=int, default=None,
+                      help="torch threads (default: the trainer's share of the cores in `a3po train`)")
+    step.add_argument("--out", default=d.out, help="output folder (suffixed -2, -3, ... if taken)")
+
+    e2e = kinds.add_parser("e2e", help="the paper's table: every arm a real training run",
+                           description="Run each arm as a full `a3po train` with the same seeds, steps and data "
+                                       "order; write results.md, results.json and plots/.")
+    _add_config_args(e2e)
+    e2e.add_argument("--arms", type=_csv(str), default=list(ARM_NAMES), help=f"subset of {','.join(ARM_NAMES)}")
+    e2e.add_argument("--seeds", type=int, default=1, help="repeat every arm with seeds seed, seed+1, ...")
+    e2e.add_argument("--out", help="output folder; an existing one is continued (default: a new <fileroot>/bench-e2e)")
+    e2e.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
+
+
+def _bench(args, argv: list[str]) -> int:
+    if args.bench == "step":
+        from a3po.bench import step
+
+        problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "repeats", "prompt_len", "output_len")
+                    if getattr(args, k) < 1]
+        problems += ["--threads must be at least 1"] if args.threads is not None and args.threads < 1 else []
+        problems += [f"--methods: unknown '{m}' (choose from {','.join(step.METHODS)})" for m in args.methods
+                     if m not in step.METHODS]
+        problems += [f"--minibatches: {m} must be between 1 and --batch" for m in args.minibatches if not 1 <= m <= args.batch]
+        if problems:
+            raise ConfigError(problems[0])
+        keys = {k: v for k, v in vars(args).items() if k in step.StepBenchArgs.__dataclass_fields__}
+        return step.main(step.StepBenchArgs(**keys))
+    if args.bench == "e2e":
+        from a3po.bench import e2e
+
+        return e2e.main(e2e.E2EArgs(preset=args.preset, config=args.config, overrides=args.overrides, arms=args.arms,
+                                    seeds=args.seeds, out=args.out, keep_checkpoints=args.keep_checkpoints), argv)
+    raise ConfigError("a3po bench: choose step or e2e (a3po bench --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a3po",
@@ -56,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR from its last checkpoint")
 
+    _add_bench_parsers(sub)
+
     show = sub.add_parser("config", help="print the resolved configuration as YAML", epilog=keys_help(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_config_args(show)
@@ -64,10 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    if args.command == "bench":
+        try:
+            return _bench(args, argv[2:])
+        except ConfigError as e:
+            print(f"a3po: config error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            return 130
     try:
         if getattr(args, "resume", None):
             from a3po.train.run import resume_config

@@ -14,6 +14,7 @@ padding never count):
     stale/mean, stale/max         d_t = v - version_t over generated tokens
     prox_err/<approx>/<err>       metrics mode: mean abs, rel, sq, iw error (see prox.ApproxErrors)
     prox_err/<approx>/<err>/d<k>  the same, restricted to tokens of staleness k
+    prox_err/tokens/d<k>          how many tokens had staleness k (to pool the means over steps)
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def approx_error_stats(
         d = staleness(versions, current_version)
         for k in sorted(set(d[mask].tolist())):
             groups[f"/d{k}"] = mask & (d == k)
-    out = {}
+    out = {f"prox_err/tokens{suffix}": float(m.sum()) for suffix, m in groups.items() if suffix}
     for name, err in errors.items():
         for kind in ("abs", "rel", "sq", "iw"):
             values = getattr(err, kind)

@@ -146,6 +146,7 @@ class TrainEngine:
         t0 = time.perf_counter()
         pieces: list[dict[str, Tensor]] = []
         grad_norms = []
+        opt_s = 0.0
         for rows in minibatches(len(batch), cfg.ppo_n_minibatches):
             mini = batch.select(rows)
             rec_mini = logp_recomputed[rows, : mini.input_ids.shape[1]] if logp_recomputed is not None else None
@@ -155,8 +156,11 @@ class TrainEngine:
                 mb = mini.select(micro_rows)
                 rec = rec_mini[micro_rows, : mb.input_ids.shape[1]] if rec_mini is not None else None
                 pieces.append(self._micro_step(mb, rec, v, n_tokens, n_seqs))
+            t_opt = time.perf_counter()
             grad_norms.append(self._optimizer_step())
+            opt_s += time.perf_counter() - t_opt
         stats["perf/train_s"] = time.perf_counter() - t0
+        stats["perf/optimizer_s"] = opt_s  # part of train_s: clipping, AdamW, scheduler
 
         # 3. Version bump and statistics.
         self.version += 1
@@ -224,6 +228,7 @@ class TrainEngine:
                           dual_clipped=cat("dual_clipped"), behav_weight=cat("behav_weight"), capped=cat("capped"),
                           m2_dropped=cat("m2_dropped"), pg=cat("pg"))
         out = loss_stats(terms, mask, cat("logp"), cat("prox"), cat("entropy"))
+        out["train/n_tokens"] = float(mask.sum())
         out["loss/total"] = float(sum(p["loss"] for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
         out.update(staleness_stats(cat("versions"), v, mask))
         if "errors" in pieces[0]:

@@ -36,7 +36,11 @@ USER_ERRORS = (ConfigError, DataError, ModelSourceError)
 
 
 def new_run_dir(cfg: Config) -> Path:
-    base = Path(cfg.fileroot) / cfg.experiment_name
+    return unique_dir(Path(cfg.fileroot) / cfg.experiment_name)
+
+
+def unique_dir(base: Path) -> Path:
+    """Create base, or base-2, base-3, ... if taken: a new run never writes into an old one."""
     path, k = base, 1
     while path.exists():
         k += 1

@@ -1,0 +1,36 @@
+"""What the benchmarks take, kept free of heavy imports so that `a3po --help` stays fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+METHODS = ("recompute", "loglinear", "linear", "reuse")  # bench step's proximal methods
+ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics")  # bench e2e's arms, defined in e2e.py
+
+
+@dataclass
+class StepBenchArgs:
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "auto"
+    batch: int = 8
+    prompt_len: int = 40
+    output_len: int = 64
+    minibatches: list[int] = field(default_factory=lambda: [1, 4])
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    repeats: int = 3
+    warmup: int = 1
+    threads: int | None = None  # None: the trainer's share of the cores in `a3po train`
+    eta: int = 2
+    out: str = "runs/bench-step"
+
+
+@dataclass
+class E2EArgs:
+    preset: str | None = None
+    config: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    arms: list[str] = field(default_factory=lambda: list(ARM_NAMES))
+    seeds: int = 1
+    out: str | None = None
+    keep_checkpoints: bool = False
+

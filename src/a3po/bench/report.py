@@ -1,0 +1,181 @@
+"""Tables and plots of `a3po bench e2e` from its per-run summaries (bench/e2e.py)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+# (key in a run summary, column title, format)
+COLUMNS = (
+    ("train_wall_s", "wall time (s)", "{:.0f}"),
+    ("prox_s_per_step", "prox logp (s/step)", "{:.2f}"),
+    ("train_s_per_step", "train (s/step)", "{:.2f}"),
+    ("rollout_wait_s_per_step", "rollout wait (s/step)", "{:.2f}"),
+    ("reward_final", "final reward", "{:.3f}"),
+    ("eval_initial", "held-out acc, start", "{:.3f}"),
+    ("eval_final", "held-out acc, end", "{:.3f}"),
+    ("ratio_max", "max ratio", "{:.2f}"),
+    ("clipped_tokens_per_step", "clipped tokens/step", "{:.1f}"),
+    ("capped_frac", "capped frac", "{:.4f}"),
+)
+APPROXIMATIONS = ("loglinear", "linear", "behav")
+
+
+def mean_spread(xs: list) -> dict:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return {"mean": math.nan, "min": math.nan, "max": math.nan, "std": math.nan, "n": 0}
+    return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs),
+            "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def _by_arm(runs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in runs:
+        if r.get("ok"):
+            out.setdefault(r["arm"], []).append(r)
+    return out
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per arm: each column's mean and spread over seeds, and the wall-time speedups."""
+    rows = []
+    for arm, rs in _by_arm(runs).items():
+        row = {"arm": arm, "seeds": sorted(r["seed"] for r in rs)}
+        for key, _, _ in COLUMNS:
+            row[key] = mean_spread([r[key] for r in rs])
+        rows.append(row)
+    wall = {row["arm"]: row["train_wall_s"]["mean"] for row in rows}
+    for row in rows:
+        for ref in ("sync", "recompute"):
+            row[f"speedup_vs_{ref}"] = wall[ref] / row["train_wall_s"]["mean"] if ref in wall else None
+    return rows
+
+
+def approx_quality(runs: list[dict]) -> list[dict]:
+    """Error of each approximation against the recomputed proximal log-probs, pooled over
+    steps and seeds by token count, per staleness d and overall (`metrics` runs only)."""
+    sums: dict[str, dict[str, float]] = {}  # group -> key -> token-weighted sum
+    for r in runs:
+        for step in r.get("prox_err_steps") or []:
+            counts = {k.rsplit("/", 1)[1]: n for k, n in step.items() if k.startswith("prox_err/tokens/")}
+            for d, n in counts.items():
+                for group in (d, "all"):
+                    acc = sums.setdefault(group, {"tokens": 0.0})
+                    acc["tokens"] += n
+                    for name in APPROXIMATIONS:
+                        for kind in ("abs", "rel", "iw"):
+                            key = f"{name}/{kind}"
+                            acc[key] = acc.get(key, 0.0) + n * step.get(f"prox_err/{key}/{d}", math.nan)
+    out = []
+    order = sorted((g for g in sums if g != "all"), key=lambda g: int(g[1:])) + (["all"] if sums else [])
+    for group in order:
+        acc = sums[group]
+        row = {"staleness": group, "tokens": int(acc["tokens"])}
+        row.update({k: v / acc["tokens"] for k, v in acc.items() if k != "tokens" and acc["tokens"]})
+        out.append(row)
+    return out
+
+
+def _cell(stat: dict, fmt: str) -> str:
+    if stat["n"] == 0:
+        return "-"
+    text = fmt.format(stat["mean"])
+    if stat["n"] > 1:
+        text += f" ({fmt.format(stat['min'])}..{fmt.format(stat['max'])})"
+    return text
+
+
+def markdown(record: dict, bench_dir: Path) -> str:
+    table, approx = record["table"], record["approx"]
+    any_cfg = next(iter(record["configs"].values()))
+    a, g, d = any_cfg["actor"], any_cfg["gconfig"], any_cfg["train_dataset"]
+    eta = max(c["rollout"]["max_head_offpolicyness"] for c in record["configs"].values())
+    seeds = record["args"]["seeds"]
+    lines = [
+        "# a3po bench e2e",
+        "",
+        f"Command: `{record['command']}`",
+        "",
+        f"Model `{a['path']}`, task `{d['task']}`, {any_cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
+        f"{g['n_samples']} samples, eta = {eta} for the asynchronous arms; {seeds} seed(s)"
+        + (" (cells: mean (min..max))" if seeds > 1 else "")
+        + f"; {record['cpu_count']} CPUs, torch {record['torch']}; benchmark wall time {record['wall_s'] / 60:.1f} min.",
+        "Wall time is the training loop's (sum of `perf/step_s`), without start-up and evaluation. "
+        "Final reward: mean task reward of the last 4 steps. Held-out accuracy: greedy, at step 0 and after the last step.",
+        "",
+        "## End to end",
+        "",
+        "| arm | " + " | ".join(title for _, title, _ in COLUMNS) + " | sync / this | recompute / this |",
+        "|---|" + "---:|" * (len(COLUMNS) + 2),
+    ]
+    for row in table:
+        cells = [_cell(row[key], fmt) for key, _, fmt in COLUMNS]
+        cells += [f"{row[k]:.2f}x" if row[k] else "-" for k in ("speedup_vs_sync", "speedup_vs_recompute")]
+        lines.append(f"| {row['arm']} | " + " | ".join(cells) + " |")
+    if approx:
+        lines += [
+            "",
+            "## Proximal approximation quality (`metrics` run)",
+            "",
+            "Error against the recomputed proximal log-probs p, pooled over steps and seeds by tokens. "
+            "abs = mean |p_hat - p|, rel = mean |exp(p_hat - p) - 1|; `behav` is p_hat = b (what the coupled loss uses).",
+            "",
+            "| staleness d | tokens | loglinear abs | loglinear rel | linear abs | linear rel | behav abs | behav rel |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in approx:
+            vals = [row.get(f"{n}/{k}", math.nan) for n in APPROXIMATIONS for k in ("abs", "rel")]
+            lines.append(f"| {row['staleness'].lstrip('d')} | {row['tokens']} | " + " | ".join(f"{v:.2e}" for v in vals) + " |")
+    if record.get("plots"):
+        lines += ["", "## Plots", ""]
+        for name in record["plots"]:
+            lines.append(f"![{name}](plots/{name})")
+    failed = [r for r in record["runs"] if not r.get("ok")]
+    if failed:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- {r['arm']} seed {r['seed']}: exit {r['returncode']}: {r['error']} (log: {r['log']})" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+PLOTS = (  # file, x curve, y curve, x label, y label
+    ("reward_vs_step.png", "step", "reward", "training step", "task reward (batch mean)"),
+    ("reward_vs_time.png", "time_s", "reward", "training wall time (s)", "task reward (batch mean)"),
+    ("clipped_tokens_per_step.png", "step", "clipped_tokens", "training step", "clipped tokens"),
+    ("ratio_max_per_step.png", "step", "ratio_max", "training step", "max trust-region ratio"),
+)
+
+
+def plot(runs: list[dict], out: Path) -> list[str]:
+    """One PNG per plot; each arm's curve is its mean over seeds, the band its min..max."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_arm = _by_arm(runs)
+    if not by_arm:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    for fname, xk, yk, xlabel, ylabel in PLOTS:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        for arm, rs in by_arm.items():
+            n = min(len(r["curves"][yk]) for r in rs)
+            if n == 0:
+                continue
+            x = [statistics.fmean(r["curves"][xk][i] for r in rs) for i in range(n)]
+            ys = [[r["curves"][yk][i] for r in rs] for i in range(n)]
+            line, = ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", markersize=3, label=arm)
+            if len(rs) > 1:
+                ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname)
+        plt.close(fig)
+        names.append(fname)
+    return names

@@ -1,0 +1,185 @@
+"""`a3po bench step`: one training step with each way of getting the proximal log-probs.
+
+The claim under test is local: A-3PO removes one no-grad forward pass from every
+`ppo_update`, so a step should get faster by that pass's share and by nothing else.
+Every timed step is therefore the first step of a fresh `TrainEngine` on a deep copy of
+the same initial weights and the same fixed batch, with arms alternated inside each
+repeat so that drifting machine load hits them all alike. The batch is random tokens
+whose behaviour log-probs are the model's own, with token versions spread over
+d = 0..eta so that the interpolation really interpolates.
+
+Two measurements:
+  1. the step: wall time of `ppo_update`, split into the proximal forward pass
+     (`perf/prox_logp_s`), forward/backward and optimizer (`perf/optimizer_s`), for each
+     method at each minibatch count (reuse only at one: the config refuses it otherwise);
+  2. the proximal computation alone: the recompute forward pass against
+     `proximal_logp(loglinear | linear)` on the same batch's log-probs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from a3po.algo import proximal_logp
+from a3po.bench.args import METHODS, StepBenchArgs
+from a3po.bench.common import progress, spread, write_json
+from a3po.config import load_config
+from a3po.models import load_policy
+from a3po.rollout.pool import split_threads
+from a3po.train.engine import TrainEngine, resolve_dtype
+from a3po.train.run import unique_dir
+from a3po.trajectories import Trajectory, collate
+
+INTERPOLATIONS = ("loglinear", "linear")
+
+
+def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, seed: int = 0):
+    """Random trajectories, behaviour log-probs from the model itself, versions cycling over v-eta..v."""
+    g = torch.Generator().manual_seed(seed)
+    v = args.eta
+    trajs = []
+    for i in range(args.batch):
+        versions = [v - (j % (args.eta + 1)) for j in range(args.output_len)]
+        trajs.append(Trajectory(prompt_ids=torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist(),
+                                output_ids=torch.randint(0, vocab, (args.output_len,), generator=g).tolist(),
+                                output_logprobs=[0.0] * args.output_len, output_versions=versions, group_id=i))
+    batch = collate(trajs, advantages=torch.randn(args.batch, generator=g))
+    batch.logp_behav = engine.compute_logp(batch, model)  # (B, T), 0 outside the outputs
+    return batch
+
+
+def arms_for(args: StepBenchArgs) -> list[tuple[str, int]]:
+    return [(method, m) for m in args.minibatches for method in args.methods if not (method == "reuse" and m != 1)]
+
+
+def time_interpolation(batch, method: str, v: int, min_repeats: int = 50, min_s: float = 0.3) -> list[float]:
+    """Seconds per call of the interpolation on the whole batch; repeated until it is measurable."""
+    theta = batch.logp_behav + 0.05 * torch.randn_like(batch.logp_behav)
+    proximal_logp(method, batch.logp_behav, theta, batch.versions, v)  # warm-up
+    times: list[float] = []
+    t_end = time.perf_counter() + min_s
+    while len(times) < min_repeats or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        proximal_logp(method, batch.logp_behav, theta, batch.versions, v)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run(args: StepBenchArgs) -> dict:
+    if args.threads is None:
+        args.threads = split_threads(1, None)[1]
+    torch.set_num_threads(args.threads)
+    dtype = resolve_dtype(args.dtype)
+    out = unique_dir(Path(args.out))
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
+    base, tok = load_policy(args.model, dtype=torch.float32, seed=0)
+    arms = arms_for(args)
+    actors = {(method, m): load_config(None, [f"actor.prox_logp_method={method}", f"actor.ppo_n_minibatches={m}",
+                                              f"actor.dtype={dtype}"]).actor for method, m in arms}
+
+    def fresh_engine(arm) -> TrainEngine:
+        engine = TrainEngine(copy.deepcopy(base), actors[arm], total_optimizer_steps=arm[1])
+        engine.version = args.eta  # tokens carry versions eta-2..eta: staleness 0..eta
+        return engine
+
+    batch = fixed_batch(base, len(tok), fresh_engine(arms[0]), args)
+    progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
+             f"(+{args.warmup} warm-up), {args.threads} thread(s), {dtype}; writing to {out}")
+
+    samples: dict = {a: {"step": [], "prox": [], "train": [], "optimizer": []} for a in arms}
+    warm = batch.select([0])
+    for rep in range(-args.warmup, args.repeats):
+        for arm in arms:
+            engine = fresh_engine(arm)
+            t0 = time.perf_counter()
+            stats = engine.ppo_update(warm if rep < 0 else batch)
+            dt = time.perf_counter() - t0
+            del engine  # one engine (weights, grads, AdamW state) alive at a time
+            tag = "warm-up" if rep < 0 else f"repeat {rep + 1}/{args.repeats}"
+            progress(f"  {arm[0]:<10} minibatches={arm[1]} {tag}: step {dt:.2f} s, prox {stats['perf/prox_logp_s']:.2f} s")
+            if rep >= 0:
+                s = samples[arm]
+                s["step"].append(dt)
+                s["prox"].append(stats["perf/prox_logp_s"])
+                s["train"].append(stats["perf/train_s"])
+                s["optimizer"].append(stats["perf/optimizer_s"])
+
+    steps = []
+    for method, m in arms:
+        s = samples[(method, m)]
+        ref = samples.get(("recompute", m))
+        med = statistics.median(s["step"])
+        steps.append({
+            "method": method, "minibatches": m, **spread(s["step"], "step"),
+            "prox_logp_s": statistics.median(s["prox"]),
+            "fwd_bwd_s": statistics.median(t - o for t, o in zip(s["train"], s["optimizer"])),
+            "optimizer_s": statistics.median(s["optimizer"]),
+            "other_s": statistics.median(st - t - p for st, t, p in zip(s["step"], s["train"], s["prox"])),
+            "prox_share": statistics.median(p / t for p, t in zip(s["prox"], s["step"])),
+            "speedup_vs_recompute": statistics.median(ref["step"]) / med if ref else None,
+        })
+
+    forward = [p for (method, m), s in samples.items() if method == "recompute" for p in s["prox"]]
+    prox = []
+    if forward:
+        prox.append({"method": "recompute (forward pass)", **spread(forward, "time"), "speedup_vs_forward": 1.0})
+    for method in INTERPOLATIONS:
+        t = time_interpolation(batch, method, args.eta)
+        prox.append({"method": method, **spread(t, "time"),
+                     "speedup_vs_forward": statistics.median(forward) / statistics.median(t) if forward else None})
+
+    B, T = batch.input_ids.shape
+    record = {
+        "benchmark": "step", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
+        "dtype": dtype, "batch": B, "seq": T, "torch": torch.__version__, "args": asdict(args),
+        "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
+        "steps": steps, "prox": prox,
+    }
+    write_json(out / "step.json", record)
+    (out / "step.md").write_text(markdown(record))
+    record["out"] = str(out)
+    return record
+
+
+def markdown(r: dict) -> str:
+    a = r["args"]
+    lines = [
+        f"### Training step (`ppo_update`), {r['batch']} x {r['seq']} tokens",
+        "",
+        f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['dtype']}, {a['threads']} thread(s), "
+        f"median of {a['repeats']} repeats after {a['warmup']} warm-up; staleness 0..{a['eta']}; torch {r['torch']}; "
+        f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end.",
+        "",
+        "| prox method | minibatches | step (s) | min..max | prox forward (s) | fwd/bwd (s) | optimizer (s) | prox share | recompute / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in r["steps"]:
+        sp = f"{s['speedup_vs_recompute']:.2f}x" if s["speedup_vs_recompute"] else "-"
+        lines.append(f"| {s['method']} | {s['minibatches']} | {s['step_median_s']:.2f} | {s['step_min_s']:.2f}..{s['step_max_s']:.2f} "
+                     f"| {s['prox_logp_s']:.2f} | {s['fwd_bwd_s']:.2f} | {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} |")
+    lines += ["", "### Proximal log-probs alone, same batch", "",
+              "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
+    for p in r["prox"]:
+        sp = f"{p['speedup_vs_forward']:,.0f}x" if p["speedup_vs_forward"] else "-"
+        lines.append(f"| {p['method']} | {_fmt_s(p['time_median_s'])} | {_fmt_s(p['time_min_s'])}..{_fmt_s(p['time_max_s'])} | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x:.2f} s" if x >= 0.1 else f"{x * 1e3:.3f} ms"
+
+
+def main(args: StepBenchArgs) -> int:
+    record = run(args)
+    print(markdown(record))
+    print(f"written: {record['out']}/step.md, {record['out']}/step.json")
+    print(json.dumps({k: v for k, v in record.items() if k != "args"}))
+    return 0

@@ -1,0 +1,207 @@
+"""`a3po bench step` and `a3po bench e2e`: the fast CI variants on the tiny model, run as a
+user runs them (real subprocesses, real training runs), plus the pure table arithmetic.
+
+Proves: every arm trained for the requested steps and reports the columns the tables
+need; the synchronous arm really was synchronous and coupled, the asynchronous ones
+stayed within eta; only the recomputing arms paid a proximal forward pass; the output
+files (markdown, JSON, PNG plots) exist and have the documented structure; a benchmark
+continues where it stopped; a configuration one arm cannot accept is refused up front.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from a3po.bench.report import aggregate, approx_quality
+from a3po.bench.e2e import summarize_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TINY_E2E = ["--preset", "tiny", "total_train_steps=3", "gconfig.max_new_tokens=8", "logging.tensorboard=false",
+            "train_dataset.size=200"]
+
+
+def a3po(*args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "a3po.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- bench step
+
+
+@pytest.mark.slow
+def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
+    res = a3po("bench", "step", "--model", "tiny", "--dtype", "float32", "--batch", "4", "--prompt-len", "8",
+               "--output-len", "16", "--repeats", "2", "--out", "out", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rec = json.loads((tmp_path / "out" / "step.json").read_text())
+    arms = [(s["method"], s["minibatches"]) for s in rec["steps"]]
+    assert arms == [("recompute", 1), ("loglinear", 1), ("linear", 1), ("reuse", 1),
+                    ("recompute", 4), ("loglinear", 4), ("linear", 4)]  # reuse refused at 4 minibatches
+    for s in rec["steps"]:
+        assert s["step_n"] == 2 and 0 < s["step_min_s"] <= s["step_median_s"] <= s["step_max_s"]
+        assert s["fwd_bwd_s"] > 0 and s["optimizer_s"] > 0
+        if s["method"] == "recompute":
+            assert s["prox_logp_s"] > 0 and s["speedup_vs_recompute"] == 1.0
+        else:
+            assert s["prox_logp_s"] < 1e-3 and s["speedup_vs_recompute"] > 0
+    prox = {p["method"]: p for p in rec["prox"]}
+    assert set(prox) == {"recompute (forward pass)", "loglinear", "linear"}
+    assert prox["loglinear"]["time_n"] >= 50 and prox["loglinear"]["speedup_vs_forward"] > 1
+    assert rec["dtype"] == "float32" and rec["batch"] == 4 and rec["seq"] == 24
+    md = (tmp_path / "out" / "step.md").read_text()
+    assert "| recompute | 1 |" in md and "| loglinear | 4 |" in md and "forward / this" in md
+    assert json.loads(res.stdout.strip().splitlines()[-1])["benchmark"] == "step"
+
+
+def test_bench_step_refuses_bad_arguments_in_one_line(tmp_path):
+    res = a3po("bench", "step", "--methods", "recompute,loglinaer", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "loglinaer" in res.stderr
+
+
+# ----------------------------------------------------------------------------- bench e2e
+
+
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("e2e")
+    res = a3po("bench", "e2e", *TINY_E2E, cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = cwd / "runs" / "bench-e2e"
+    return res, out, json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_bench_e2e_every_arm_trains_with_the_same_seeds_and_steps(e2e_run):
+    _, out, rec = e2e_run
+    runs = {r["arm"]: r for r in rec["runs"]}
+    assert list(runs) == ["sync", "recompute", "loglinear", "linear", "reuse", "metrics"]
+    for arm, r in runs.items():
+        assert r["ok"] and r["steps"] == 3 and r["seed"] == 1, arm
+        assert len(r["curves"]["reward"]) == 3 and r["curves"]["step"] == [1, 2, 3]
+        assert r["train_wall_s"] > 0 and r["train_s_per_step"] > 0
+        assert 0 <= r["eval_initial"] <= 1 and 0 <= r["eval_final"] <= 1
+        assert r["ratio_max"] > 0 and r["clipped_tokens_per_step"] >= 0 and 0 <= r["capped_frac"] <= 1
+        assert not (Path(r["run_dir"]) / "checkpoints").exists()  # dropped unless --keep-checkpoints
+    # synchronous and coupled vs asynchronous within eta = 2
+    assert runs["sync"]["stale_max"] == 0 and runs["sync"]["capped_frac"] == 0
+    assert all(runs[a]["stale_max"] <= 2 for a in runs)
+    # only the recomputing arms pay a forward pass for the proximal log-probs
+    assert runs["recompute"]["prox_s_per_step"] > 0 and runs["metrics"]["prox_s_per_step"] > 0
+    assert all(runs[a]["prox_s_per_step"] < 1e-3 for a in ("sync", "loglinear", "linear", "reuse"))
+    # the arms' configurations differ only in the keys each arm names
+    cfgs = rec["configs"]
+    base = cfgs["loglinear-seed1"]
+    assert cfgs["linear-seed1"]["actor"] == {**base["actor"], "prox_logp_method": "linear"}
+    assert cfgs["sync-seed1"]["rollout"] == {**base["rollout"], "max_head_offpolicyness": 0}
+    assert cfgs["sync-seed1"]["actor"]["use_decoupled_loss"] is False
+    assert all(c["train_dataset"] == base["train_dataset"] and c["seed"] == 1 and c["total_train_steps"] == 3
+               for c in cfgs.values())
+
+
+@pytest.mark.slow
+def test_bench_e2e_writes_tables_json_and_plots(e2e_run):
+    res, out, rec = e2e_run
+    table = {row["arm"]: row for row in rec["table"]}
+    assert set(table) == {"sync", "recompute", "loglinear", "linear", "reuse", "metrics"}
+    assert table["sync"]["speedup_vs_sync"] == pytest.approx(1.0)
+    assert table["recompute"]["speedup_vs_recompute"] == pytest.approx(1.0)
+    assert table["loglinear"]["train_wall_s"]["n"] == 1
+    # the approximation-quality table comes from the metrics run, grouped by staleness
+    approx = {row["staleness"]: row for row in rec["approx"]}
+    assert "all" in approx and "d0" in approx
+    assert approx["all"]["tokens"] == sum(row["tokens"] for d, row in approx.items() if d != "all") > 0
+    assert approx["d0"]["loglinear/abs"] < 1e-3  # d = 0: behaviour = proximal policy up to rounding
+    for name in ("reward_vs_step.png", "reward_vs_time.png", "clipped_tokens_per_step.png", "ratio_max_per_step.png"):
+        data = (out / "plots" / name).read_bytes()
+        assert data[:8] == PNG and len(data) > 5000, name
+    md = (out / "results.md").read_text()
+    assert md == res.stdout.split("written:")[0].rstrip("\n") + "\n"
+    assert "| loglinear |" in md and "## Proximal approximation quality" in md and "](plots/reward_vs_time.png)" in md
+    assert "Command: `a3po bench e2e --preset tiny" in md
+
+
+@pytest.mark.slow
+def test_bench_e2e_with_seeds_continues_where_it_stopped(tmp_path):
+    args = ["bench", "e2e", *TINY_E2E, "total_train_steps=2", "--arms", "sync,loglinear", "--seeds", "2", "--out", "b"]
+    res = a3po(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in rec["runs"]) == [("loglinear", 1), ("loglinear", 2), ("sync", 1), ("sync", 2)]
+    row = {r["arm"]: r for r in rec["table"]}["loglinear"]
+    assert row["seeds"] == [1, 2] and row["train_wall_s"]["n"] == 2
+    assert row["train_wall_s"]["min"] <= row["train_wall_s"]["mean"] <= row["train_wall_s"]["max"]
+    assert " (" in (tmp_path / "b" / "results.md").read_text()  # cells show mean (min..max)
+    # a lost run is rerun; finished ones are kept as they were
+    kept = [r for r in rec["runs"] if (r["arm"], r["seed"]) != ("sync", 2)]
+    (tmp_path / "b" / "results.json").write_text(json.dumps({**rec, "runs": kept}))
+    res = a3po(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "3 already done" in res.stderr
+    again = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert [r for r in again["runs"] if (r["arm"], r["seed"]) != ("sync", 2)] == kept
+    assert len(again["runs"]) == 4
+    # a different configuration in the same folder is refused
+    res = a3po(*args[:-2], "--out", "b", "actor.optimizer.lr=0.1", cwd=tmp_path)
+    assert res.returncode == 2 and "different configuration" in res.stderr
+
+
+def test_bench_e2e_refuses_a_config_one_arm_cannot_take_before_running(tmp_path):
+    # a behaviour-weight cap is meaningless for the coupled loss of the sync arm
+    res = a3po("bench", "e2e", *TINY_E2E, "actor.behav_imp_weight_cap=3", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.count("\n") == 1 and "arm 'sync'" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# ----------------------------------------------------------------------------- table arithmetic
+
+
+def _run(arm, wall, seed=1, **extra):
+    return {"arm": arm, "seed": seed, "ok": True, "train_wall_s": wall, "prox_s_per_step": 0.0, "train_s_per_step": 1.0,
+            "rollout_wait_s_per_step": 0.0, "reward_final": 0.5, "eval_initial": 0.3, "eval_final": 0.6,
+            "ratio_max": 1.1, "clipped_tokens_per_step": 2.0, "capped_frac": 0.0, **extra}
+
+
+def test_aggregate_means_over_seeds_and_speedups_from_mean_wall_time():
+    runs = [_run("sync", 100.0), _run("sync", 120.0, seed=2), _run("recompute", 80.0), _run("loglinear", 50.0),
+            _run("loglinear", 60.0, seed=2), {"arm": "linear", "seed": 1, "ok": False}]
+    rows = {r["arm"]: r for r in aggregate(runs)}
+    assert set(rows) == {"sync", "recompute", "loglinear"}  # failed runs have no row
+    assert rows["sync"]["train_wall_s"] == {"mean": 110.0, "min": 100.0, "max": 120.0,
+                                           "std": pytest.approx(14.142, abs=1e-3), "n": 2}
+    assert rows["loglinear"]["speedup_vs_sync"] == pytest.approx(2.0)
+    assert rows["loglinear"]["speedup_vs_recompute"] == pytest.approx(80 / 55)
+
+
+def test_approx_quality_pools_steps_by_token_count():
+    step = lambda n0, n2, e0, e2: {"prox_err/tokens/d0": n0, "prox_err/tokens/d2": n2,
+                                   "prox_err/loglinear/abs/d0": e0, "prox_err/loglinear/abs/d2": e2}
+    runs = [{"prox_err_steps": [step(10, 30, 0.0, 0.2), step(30, 10, 0.0, 0.6)]}]
+    rows = {r["staleness"]: r for r in approx_quality(runs)}
+    assert [r["staleness"] for r in approx_quality(runs)] == ["d0", "d2", "all"]
+    assert rows["d2"]["tokens"] == 40 and rows["d2"]["loglinear/abs"] == pytest.approx((30 * 0.2 + 10 * 0.6) / 40)
+    assert rows["all"]["tokens"] == 80 and rows["all"]["loglinear/abs"] == pytest.approx(12 / 80)
+    assert math.isnan(rows["all"]["linear/abs"])  # never logged: shown as missing, not as zero
+    assert approx_quality([{"prox_err_steps": None}]) == []
+
+
+def test_summarize_run_reads_steps_evaluations_and_clipped_token_counts():
+    def step(k, reward):
+        return {"step": k, "stale/max": 1.0, "stale/mean": 0.5, "perf/step_s": 2.0, "perf/prox_logp_s": 0.0,
+                "perf/train_s": 1.5, "perf/rollout_wait_s": 0.1, "rollout/reward_mean": reward,
+                "loss/ratio_max": 1.0 + k / 10, "loss/clipped_frac": 0.25, "train/n_tokens": 40.0,
+                "loss/behav_capped_frac": 0.0}
+    rows = [{"step": 0, "eval/accuracy": 0.25}] + [step(k, k / 10) for k in range(1, 7)] + [{"step": 6, "eval/accuracy": 0.5}]
+    rows[-2]["eval/accuracy"] = 0.5
+    s = summarize_run(rows[:-1])
+    assert s["steps"] == 6 and s["train_wall_s"] == 12.0 and s["curves"]["time_s"] == [2, 4, 6, 8, 10, 12]
+    assert s["reward_final"] == pytest.approx((0.3 + 0.4 + 0.5 + 0.6) / 4)  # last 4 steps
+    assert (s["eval_initial"], s["eval_final"]) == (0.25, 0.5)
+    assert s["clipped_tokens_per_step"] == 10.0 and s["ratio_max"] == pytest.approx(1.6)
+    assert "prox_err_steps" not in s
+    # a run that stopped early has no final accuracy
+    assert math.isnan(summarize_run(rows[:4])["eval_final"])
