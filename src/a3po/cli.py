@@ -128,7 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides may sit on both sides of options (`--seeds 2 total_train_steps=4`);
+    # argparse takes only the first run of positionals, so the later ones are picked up here
+    strays = [a for a in rest if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if strays:
+        parser.error(f"unrecognized arguments: {' '.join(strays)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -177,14 +177,23 @@ def summarize_run(rows: list[dict]) -> dict:
 
 
 def _load_previous(bench_dir: Path, header: dict) -> list[dict]:
+    """Finished runs of an earlier invocation on the same folder that this one would repeat
+    exactly (same arm, seed and configuration); any other configuration is refused."""
     path = bench_dir / RESULTS
     if not path.exists():
         return []
     old = json.loads(path.read_text())
-    if old.get("configs") != header["configs"]:
-        raise ConfigError(f"--out {bench_dir}: it holds a benchmark of a different configuration or arms; "
-                          "choose a new --out (or delete it)")
-    return [r for r in old.get("runs", []) if r.get("ok")]
+    keep = []
+    for r in old.get("runs", []):
+        key = f"{r['arm']}-seed{r['seed']}"
+        if key not in header["configs"]:
+            continue  # an arm or seed this invocation does not ask for
+        if old["configs"].get(key) != header["configs"][key]:
+            raise ConfigError(f"--out {bench_dir}: its run {key} used a different configuration; "
+                              "choose a new --out (or delete it)")
+        if r.get("ok"):
+            keep.append(r)
+    return keep
 
 
 def run(args: E2EArgs, argv: list[str]) -> tuple[dict, int]:
