@@ -48,6 +48,28 @@ def test_chunked_logp_entropy_and_grads_match_full_vocab(monkeypatch):
     assert torch.allclose(logp, full.gather(-1, t[:, None]).squeeze(-1))
     assert torch.allclose(ent, -(full.exp() * full).sum(-1))
     assert torch.autograd.gradcheck(lambda h, w: token_logp_entropy(h, w, t, 0.8), (h, w))
+    # temperature 1 takes a shorter path; gradients of log-probs alone and of entropy alone
+    assert torch.autograd.gradcheck(lambda h, w: token_logp_entropy(h, w, t)[0], (h, w))
+    assert torch.autograd.gradcheck(lambda h, w: token_logp_entropy(h, w, t)[1], (h, w))
+    # without entropy: the same log-probs, entropy left at zero
+    logp2, ent2 = token_logp_entropy(h, w, t, 0.8, with_entropy=False)
+    assert torch.equal(logp2, logp) and not ent2.any()
+
+
+def test_bf16_logp_grads_stay_close_to_fp32():
+    # the backward's matmuls run in the compute dtype, as autocast's linear layers do
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 32, generator=g)
+    w = torch.randn(500, 32, generator=g) * 0.3
+    t = torch.randint(0, 500, (40,), generator=g)
+    grads = {}
+    for dt in (torch.float32, torch.bfloat16):
+        hh, ww = h.to(dt).detach().clone().requires_grad_(), w.clone().requires_grad_()
+        logp, ent = token_logp_entropy(hh, ww, t)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        grads[dt] = (hh.grad.float(), ww.grad)
+    for a, b in zip(grads[torch.float32], grads[torch.bfloat16]):
+        assert (a - b).norm() / a.norm() < 0.02
 
 
 def test_micro_batches_respect_the_token_budget(tiny):

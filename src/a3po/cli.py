@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 from a3po import __version__
+from a3po.allocator import keep_freed_memory
 from a3po.config import ConfigError, all_keys, dump_yaml, load_config
 from a3po.config.load import default_of, presets, type_name
 
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_freed_memory()
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args, rest = parser.parse_known_args(argv)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from a3po.allocator import keep_freed_memory
 from a3po.config import Config
 from a3po.data import Example, SafeReward
 from a3po.rollout.engine import Completion, GenerationRequest
@@ -139,6 +140,7 @@ class _Worker:
 def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, outbox) -> None:
     """Entry point of a spawned rollout worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us cleanly
+    keep_freed_memory()
     torch.set_num_threads(threads)
     parent = os.getppid()
     try:

@@ -101,15 +101,16 @@ class TrainEngine:
             return torch.autocast("cpu" if self.model.device.type == "cpu" else self.model.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
-    def _logp(self, model, batch: TrainBatch) -> tuple[Tensor, Tensor]:
-        """(log-probs, entropy) of every output token, on its own position: both (B, T), 0 elsewhere."""
+    def _logp(self, model, batch: TrainBatch, with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+        """(log-probs, entropy) of every output token, on its own position: both (B, T), 0 elsewhere
+        (entropy all 0 without with_entropy: the no-grad passes never read it)."""
         with self._autocast():
             hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).last_hidden_state  # (B, T, H)
         # hidden at position i predicts token i + 1
         pred_mask = batch.loss_mask[:, 1:]  # (B, T-1)
         h = hidden[:, :-1][pred_mask]  # (N, H)
         targets = batch.input_ids[:, 1:][pred_mask]  # (N,)
-        logp_tok, ent_tok = token_logp_entropy(h, model.get_output_embeddings().weight, targets, self.temperature)
+        logp_tok, ent_tok = token_logp_entropy(h, model.get_output_embeddings().weight, targets, self.temperature, with_entropy)
         B, T = batch.input_ids.shape
         logp = torch.zeros(B, T, dtype=logp_tok.dtype, device=h.device)
         ent = torch.zeros(B, T, dtype=ent_tok.dtype, device=h.device)
@@ -126,7 +127,7 @@ class TrainEngine:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for rows in micro_batches(batch, self.cfg.mb_spec.max_tokens_per_mb):
             mb = batch.select(rows)
-            logp, _ = self._logp(model, mb)
+            logp, _ = self._logp(model, mb, with_entropy=False)
             out[rows, : logp.shape[1]] = logp.float()
         return out
 
@@ -180,7 +181,7 @@ class TrainEngine:
         kl = None
         if self.ref_model is not None and not cfg.kl_in_reward:
             with torch.no_grad():
-                ref, _ = self._logp(self.ref_model, mb)
+                ref, _ = self._logp(self.ref_model, mb, with_entropy=False)
             kl = kl_penalty(logp, ref, cfg.kl_estimator)
         loss, terms = ppo_loss(
             logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask,

@@ -29,57 +29,76 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _chunk_stats(h: Tensor, w: Tensor, targets: Tensor, temperature: float):
-    z = (h @ w.T).to(_acc_dtype(h)) / temperature  # (n, V)
-    lse = torch.logsumexp(z, dim=-1)  # (n,)
-    logp_all = z - lse[:, None]  # (n, V)
-    p = logp_all.exp()
-    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
-    entropy = -(p * logp_all).sum(-1)  # (n,)
-    return logp, entropy, p, logp_all
+def _chunk_stats(h: Tensor, w: Tensor, targets: Tensor, temperature: float, with_entropy: bool = True):
+    """(log pi(target), entropy or None, log-softmax of the chunk's logits (n, V))."""
+    z = (h @ w.T).to(_acc_dtype(h))  # (n, V)
+    if temperature != 1.0:
+        z /= temperature
+    q = torch.log_softmax(z, dim=-1)  # (n, V) log p; one fused pass, cheaper than logsumexp and a subtraction
+    del z
+    logp = q.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+    entropy = -(q.exp() * q).sum(-1) if with_entropy else None  # (n,)
+    return logp, entropy, q
 
 
 class _TokenLogpEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float):
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool):
         ctx.set_materialize_grads(False)
         w = weight.to(hidden.dtype)
         n = _rows_per_chunk(weight.shape[0])
         logp = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden), device=hidden.device)
-        entropy = torch.empty_like(logp)
+        entropy = torch.zeros_like(logp)
         for s in range(0, hidden.shape[0], n):
-            logp[s : s + n], entropy[s : s + n], _, _ = _chunk_stats(hidden[s : s + n], w, targets[s : s + n], temperature)
+            logp[s : s + n], ent, _ = _chunk_stats(hidden[s : s + n], w, targets[s : s + n], temperature, with_entropy)
+            if ent is not None:
+                entropy[s : s + n] = ent
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature = temperature
         return logp, entropy
 
     @staticmethod
     def backward(ctx, g_logp: Tensor | None, g_entropy: Tensor | None):
+        # Per chunk, with q = log p: dL/dz = [onehot(t) - p] g_logp - g_ent p (q + H), over the
+        # temperature; built in place on q so that one (n, V) block plus p is alive. Both
+        # matmuls run in the forward's compute dtype (bf16 under autocast, as autocast's own
+        # linear layers do), with the weight gradient summed over chunks in fp32.
         hidden, weight, targets = ctx.saved_tensors
         w = weight.to(hidden.dtype)
-        grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         acc = _acc_dtype(hidden)
+        grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
         n = _rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], n):
             h, t = hidden[s : s + n], targets[s : s + n]
-            _, ent, p, logp_all = _chunk_stats(h, w, t, ctx.temperature)
-            gz = torch.zeros_like(p)  # (n, V) gradient w.r.t. the scaled logits z
-            if g_logp is not None:
-                g = g_logp[s : s + n].to(acc)
-                gz -= p * g[:, None]
-                gz.scatter_add_(-1, t[:, None], g[:, None])
+            _, ent, q = _chunk_stats(h, w, t, ctx.temperature, with_entropy=g_entropy is not None)
+            p = q.exp()
             if g_entropy is not None:
-                g = g_entropy[s : s + n].to(acc)
-                gz -= g[:, None] * p * (logp_all + ent[:, None])
-            gz /= ctx.temperature
+                ge = g_entropy[s : s + n].to(acc)[:, None]
+                gz = q.add_(ent[:, None]).mul_(ge).neg_()  # -g_ent (q + H)
+            else:
+                gz = q.zero_()
+            if g_logp is not None:
+                gl = g_logp[s : s + n].to(acc)[:, None]
+                gz.sub_(gl)
+                gz.mul_(p)
+                gz.scatter_add_(-1, t[:, None], gl)
+            else:
+                gz.mul_(p)
+            if ctx.temperature != 1.0:
+                gz /= ctx.temperature
+            gz_c = gz.to(w.dtype)
             if grad_h is not None:
-                grad_h[s : s + n] = (gz.to(w.dtype) @ w).to(hidden.dtype)
+                grad_h[s : s + n] = (gz_c @ w).to(hidden.dtype)
             if grad_w is not None:
-                grad_w += gz.T @ h.to(acc)
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
+                grad_w += (gz_c.T @ h.to(w.dtype)).to(acc)
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
-def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """hidden (N, H), lm-head weight (V, H), targets (N,) -> (log pi(target), entropy), each (N,) fp32 (fp64 for fp64 input)."""
-    return _TokenLogpEntropy.apply(hidden, weight, targets, float(temperature))
+def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
+                       with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+    """hidden (N, H), lm-head weight (V, H), targets (N,) -> (log pi(target), entropy), each (N,) fp32 (fp64 for fp64 input).
+
+    with_entropy=False skips the entropy (returned as zeros) where nobody reads it, as in
+    the no-grad proximal pass: one exp and one product over the vocabulary less."""
+    return _TokenLogpEntropy.apply(hidden, weight, targets, float(temperature), with_entropy)
