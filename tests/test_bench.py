@@ -209,3 +209,10 @@ def test_summarize_run_reads_steps_evaluations_and_clipped_token_counts():
     assert "prox_err_steps" not in s
     # a run that stopped early has no final accuracy
     assert math.isnan(summarize_run(rows[:4])["eval_final"])
+
+
+def test_trailing_mean_smooths_reward_curves():
+    from a3po.bench.report import trailing_mean
+
+    assert trailing_mean([0.0, 1.0, 0.0, 1.0, 1.0], 2) == [0.0, 0.5, 0.5, 0.5, 1.0]
+    assert trailing_mean([3.0, 1.0], 1) == [3.0, 1.0]

@@ -105,8 +105,9 @@ def run_arm(arm: Arm, seed: int, cfg: Config, bench_dir: Path, label: str) -> di
         try:
             while child.poll() is None:
                 time.sleep(1.0)
-                bar.n = min(cfg.total_train_steps, _steps_done(run_dir))
-                bar.refresh()
+                done = min(cfg.total_train_steps, _steps_done(run_dir))
+                if done != bar.n:
+                    bar.update(done - bar.n)
         except KeyboardInterrupt:
             child.send_signal(signal.SIGINT)
             child.wait()

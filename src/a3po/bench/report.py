@@ -139,12 +139,17 @@ def markdown(record: dict, bench_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+SMOOTH = 4  # reward curves: trailing mean over this many steps (a batch of 16 samples is noisy)
 PLOTS = (  # file, x curve, y curve, x label, y label
-    ("reward_vs_step.png", "step", "reward", "training step", "task reward (batch mean)"),
-    ("reward_vs_time.png", "time_s", "reward", "training wall time (s)", "task reward (batch mean)"),
+    ("reward_vs_step.png", "step", "reward", "training step", f"task reward ({SMOOTH}-step trailing mean)"),
+    ("reward_vs_time.png", "time_s", "reward", "training wall time (s)", f"task reward ({SMOOTH}-step trailing mean)"),
     ("clipped_tokens_per_step.png", "step", "clipped_tokens", "training step", "clipped tokens"),
     ("ratio_max_per_step.png", "step", "ratio_max", "training step", "max trust-region ratio"),
 )
+
+
+def trailing_mean(xs: list[float], k: int) -> list[float]:
+    return [statistics.fmean(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
 
 
 def plot(runs: list[dict], out: Path) -> list[str]:
@@ -166,7 +171,8 @@ def plot(runs: list[dict], out: Path) -> list[str]:
             if n == 0:
                 continue
             x = [statistics.fmean(r["curves"][xk][i] for r in rs) for i in range(n)]
-            ys = [[r["curves"][yk][i] for r in rs] for i in range(n)]
+            curves = [trailing_mean(r["curves"][yk], SMOOTH if yk == "reward" else 1) for r in rs]
+            ys = [[c[i] for c in curves] for i in range(n)]
             line, = ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", markersize=3, label=arm)
             if len(rs) > 1:
                 ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.2)
