@@ -82,16 +82,8 @@ def _bench(args, argv: list[str]) -> int:
     if args.bench == "step":
         from a3po.bench import step
 
-        problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "repeats", "prompt_len", "output_len")
-                    if getattr(args, k) < 1]
-        problems += ["--threads must be at least 1"] if args.threads is not None and args.threads < 1 else []
-        problems += [f"--methods: unknown '{m}' (choose from {','.join(step.METHODS)})" for m in args.methods
-                     if m not in step.METHODS]
-        problems += [f"--minibatches: {m} must be between 1 and --batch" for m in args.minibatches if not 1 <= m <= args.batch]
-        if problems:
-            raise ConfigError(problems[0])
         keys = {k: v for k, v in vars(args).items() if k in step.StepBenchArgs.__dataclass_fields__}
-        return step.main(step.StepBenchArgs(**keys))
+        return step.main(step.StepBenchArgs(**keys).checked())
     if args.bench == "e2e":
         from a3po.bench import e2e
 

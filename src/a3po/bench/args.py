@@ -23,6 +23,19 @@ class StepBenchArgs:
     eta: int = 2
     out: str = "runs/bench-step"
 
+    def checked(self) -> "StepBenchArgs":
+        """Self, or a ConfigError naming the first bad argument."""
+        from a3po.config import ConfigError
+
+        problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "repeats", "prompt_len", "output_len")
+                    if getattr(self, k) < 1]
+        problems += ["--threads must be at least 1"] if self.threads is not None and self.threads < 1 else []
+        problems += [f"--methods: unknown '{m}' (choose from {','.join(METHODS)})" for m in self.methods if m not in METHODS]
+        problems += [f"--minibatches: {m} must be between 1 and --batch" for m in self.minibatches if not 1 <= m <= self.batch]
+        if problems:
+            raise ConfigError(problems[0])
+        return self
+
 
 @dataclass
 class E2EArgs:

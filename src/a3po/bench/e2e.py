@@ -177,12 +177,13 @@ def summarize_run(rows: list[dict]) -> dict:
     return out
 
 
-def _load_previous(bench_dir: Path, header: dict) -> list[dict]:
+def _load_previous(bench_dir: Path, header: dict) -> tuple[list[dict], float]:
     """Finished runs of an earlier invocation on the same folder that this one would repeat
-    exactly (same arm, seed and configuration); any other configuration is refused."""
+    exactly (same arm, seed and configuration), and the time it spent; any other
+    configuration is refused."""
     path = bench_dir / RESULTS
     if not path.exists():
-        return []
+        return [], 0.0
     old = json.loads(path.read_text())
     keep = []
     for r in old.get("runs", []):
@@ -194,7 +195,7 @@ def _load_previous(bench_dir: Path, header: dict) -> list[dict]:
                               "choose a new --out (or delete it)")
         if r.get("ok"):
             keep.append(r)
-    return keep
+    return keep, old.get("wall_s") or 0.0
 
 
 def run(args: E2EArgs, argv: list[str]) -> tuple[dict, int]:
@@ -212,13 +213,13 @@ def run(args: E2EArgs, argv: list[str]) -> tuple[dict, int]:
     # the run directories differ between arms by design: leave them out of the comparison
     for c in header["configs"].values():
         c.pop("fileroot"), c.pop("experiment_name")
-    done = _load_previous(bench_dir, header)
+    done, earlier_s = _load_previous(bench_dir, header)
     finished = {(r["arm"], r["seed"]) for r in done}
     runs = list(done)
     progress(f"bench e2e: {len(plan)} runs ({', '.join(args.arms)} x {args.seeds} seed(s)) in {bench_dir}"
              + (f"; {len(finished)} already done" if finished else ""))
     status = 0
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() - earlier_s  # the benchmark's wall time counts every invocation
     try:
         for i, (arm, seed, cfg) in enumerate(plan):
             if (arm.name, seed) in finished:

@@ -29,16 +29,16 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _chunk_stats(h: Tensor, w: Tensor, targets: Tensor, temperature: float, with_entropy: bool = True):
-    """(log pi(target), entropy or None, log-softmax of the chunk's logits (n, V))."""
+def _chunk_log_softmax(h: Tensor, w: Tensor, temperature: float) -> Tensor:
+    """log p (n, V) of one chunk's temperature-scaled logits, in fp32 (fp64 for fp64 input)."""
     z = (h @ w.T).to(_acc_dtype(h))  # (n, V)
     if temperature != 1.0:
         z /= temperature
-    q = torch.log_softmax(z, dim=-1)  # (n, V) log p; one fused pass, cheaper than logsumexp and a subtraction
-    del z
-    logp = q.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
-    entropy = -(q.exp() * q).sum(-1) if with_entropy else None  # (n,)
-    return logp, entropy, q
+    return torch.log_softmax(z, dim=-1)  # one fused pass, cheaper than logsumexp and a subtraction
+
+
+def _entropy(p: Tensor, q: Tensor) -> Tensor:
+    return -(p * q).sum(-1)  # (n,)
 
 
 class _TokenLogpEntropy(torch.autograd.Function):
@@ -50,9 +50,10 @@ class _TokenLogpEntropy(torch.autograd.Function):
         logp = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden), device=hidden.device)
         entropy = torch.zeros_like(logp)
         for s in range(0, hidden.shape[0], n):
-            logp[s : s + n], ent, _ = _chunk_stats(hidden[s : s + n], w, targets[s : s + n], temperature, with_entropy)
-            if ent is not None:
-                entropy[s : s + n] = ent
+            q = _chunk_log_softmax(hidden[s : s + n], w, temperature)
+            logp[s : s + n] = q.gather(-1, targets[s : s + n, None]).squeeze(-1)
+            if with_entropy:
+                entropy[s : s + n] = _entropy(q.exp(), q)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature = temperature
         return logp, entropy
@@ -71,11 +72,11 @@ class _TokenLogpEntropy(torch.autograd.Function):
         n = _rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], n):
             h, t = hidden[s : s + n], targets[s : s + n]
-            _, ent, q = _chunk_stats(h, w, t, ctx.temperature, with_entropy=g_entropy is not None)
-            p = q.exp()
+            q = _chunk_log_softmax(h, w, ctx.temperature)
+            p = q.exp()  # (n, V), computed once for both the entropy and the gradient
             if g_entropy is not None:
                 ge = g_entropy[s : s + n].to(acc)[:, None]
-                gz = q.add_(ent[:, None]).mul_(ge).neg_()  # -g_ent (q + H)
+                gz = q.add_(_entropy(p, q)[:, None]).mul_(ge).neg_()  # -g_ent (q + H)
             else:
                 gz = q.zero_()
             if g_logp is not None:
