@@ -31,6 +31,7 @@ from a3po.algo import (
     kl_in_reward,
     kl_penalty,
     loss_stats,
+    mismatch_stats,
     ppo_loss,
     staleness_stats,
 )
@@ -281,10 +282,28 @@ def test_loss_stats_on_an_empty_mask_are_zero_not_nan():
 def test_staleness_stats_mean_and_max_over_generated_tokens():
     versions = torch.tensor([[-1, 3, 2], [4, 4, -1]])
     mask = mt([1, 1, 1], [1, 1, 0])  # the prompt token at (0, 0) is in the mask but never counts
-    # current 5: d = 2, 3, 1, 1 -> mean 7 / 4 = 1.75, max 3
-    assert staleness_stats(versions, 5, mask) == {"stale/mean": 1.75, "stale/max": 3.0}
-    # nothing generated: 0, 0
-    assert staleness_stats(versions, 5, torch.zeros_like(mask)) == {"stale/mean": 0.0, "stale/max": 0.0}
+    # current 5: d = 2, 3, 1, 1 -> mean 7 / 4 = 1.75, max 3; shares of d = 0..4: 0, 2/4, 1/4, 1/4, 0
+    assert staleness_stats(versions, 5, mask, eta=4) == {
+        "stale/mean": 1.75, "stale/max": 3.0,
+        "stale/frac_d0": 0.0, "stale/frac_d1": 0.5, "stale/frac_d2": 0.25, "stale/frac_d3": 0.25, "stale/frac_d4": 0.0,
+    }
+    # nothing generated: 0 everywhere, and every d up to eta still has its key
+    assert staleness_stats(versions, 5, torch.zeros_like(mask), eta=1) == {
+        "stale/mean": 0.0, "stale/max": 0.0, "stale/frac_d0": 0.0, "stale/frac_d1": 0.0}
+
+
+def test_mismatch_stats_on_fresh_tokens_only():
+    theta = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -1.0, 0.0]])
+    behav = torch.tensor([[-1.5, -2.0, -9.0], [-3.0, -0.5, 0.0]])
+    fresh = mt([1, 1, 0], [0, 1, 0])  # the 8.5 gap at (0, 2) is a stale token: it must not count
+    out = mismatch_stats(theta, behav, fresh)
+    # gaps theta - b: 0.5, 0.0, -0.5 -> |.| mean 1/3, max 0.5
+    # k3 = exp(x) - 1 - x: x = 0.5 -> 0.148721, 0 -> 0, -0.5 -> 0.106531; mean 0.085084
+    assert out["mismatch/abs_mean"] == pytest.approx(1 / 3)
+    assert out["mismatch/abs_max"] == pytest.approx(0.5)
+    assert out["mismatch/k3"] == pytest.approx((math.exp(0.5) - 1.5 + math.exp(-0.5) - 0.5) / 3, rel=1e-6)
+    assert out["mismatch/tokens"] == 3
+    assert mismatch_stats(theta, behav, torch.zeros_like(fresh)) == {}
 
 
 # ----------------------------------------------------------------------------- approx_error_stats

@@ -113,6 +113,49 @@ def test_in_flight_update_switches_version_mid_sequence(tiny):
     assert (old[v1] - batch.logp_behav[v1]).abs().max() > 1e-3  # the update really changed them
 
 
+def test_keep_kv_update_labels_each_token_by_the_weights_that_computed_its_logits(tiny):
+    model, tok = tiny
+    new_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ps = prompts(tok, 4)
+
+    def run(reprefill: bool):
+        e = engine_for(copy.deepcopy(model), tok, max_batch=4, reprefill_on_update=reprefill)
+        for i, p in enumerate(ps):
+            e.submit(GenerationRequest(p, 16, rid=i, seed=i))
+        done = []
+        for _ in range(6):
+            done += e.step()
+        e.update_weights(new_model.state_dict(), version=1)
+        e.submit(GenerationRequest(ps[0], 8, rid="late", seed=99))  # starts after the update
+        while e.num_pending:
+            done += e.step()
+        return {c.rid: c for c in done}
+
+    kept, redone = run(False), run(True)
+    in_flight = [r for r in range(4) if len(redone[r].output_ids) > 6 and len(kept[r].output_ids) > 6]
+    assert in_flight, "no sequence was in flight across the update"
+    for r in in_flight:
+        # the first six tokens are the same draws; keep_kv samples one more token from the
+        # logits the old weights computed before the update, so it carries version 0
+        assert kept[r].output_ids[:6] == redone[r].output_ids[:6]
+        assert redone[r].output_versions.count(0) == 6 and kept[r].output_versions.count(0) == 7
+        k = 7
+        assert kept[r].output_versions == [0] * k + [1] * (len(kept[r].output_versions) - k)
+    # each log-prob is the exact one its token was drawn with: version-0 tokens follow the old
+    # weights, and a sequence that started after the update follows the new weights
+    batch = batch_of([kept[r] for r in in_flight])
+    old = TrainEngine(copy.deepcopy(model), actor_cfg(), 1).compute_logp(batch)
+    v0 = batch.loss_mask & (batch.versions == 0)
+    assert (old[v0] - batch.logp_behav[v0]).abs().max() < 1e-4
+    late = batch_of([kept["late"]])
+    new = TrainEngine(copy.deepcopy(new_model), actor_cfg(), 1).compute_logp(late)
+    assert set(kept["late"].output_versions) == {1}
+    assert (new[late.loss_mask] - late.logp_behav[late.loss_mask]).abs().max() < 1e-4
+
+
 def test_pause_holds_generation_and_resume_continues(tiny):
     model, tok = tiny
     e = engine_for(model, tok)

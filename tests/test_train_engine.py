@@ -145,9 +145,11 @@ def test_stats_of_a_step(tiny):
     # on-policy samples (d = 0), one minibatch: p = b = theta, so every ratio is 1
     assert s0["loss/ratio_min"] == pytest.approx(1.0, abs=1e-5) and s0["loss/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert s0["loss/clipped_frac"] == 0.0 and s0["loss/behav_weight_max"] == pytest.approx(1.0, abs=1e-6)
-    assert s0["stale/mean"] == 0 and s0["stale/max"] == 0
-    s1 = eng.ppo_update(batch)  # the same samples are now one version old
-    assert s1["stale/mean"] == 1 and s1["stale/max"] == 1
+    # every token was sampled by the weights being trained (d = 0): the numerics gap is nil
+    assert s0["mismatch/tokens"] == batch.n_tokens
+    assert s0["mismatch/abs_max"] < 1e-5 and 0 <= s0["mismatch/k3"] < 1e-8
+    s1 = eng.ppo_update(batch)  # the same samples are now one version old: no d = 0 token left
+    assert not any(k.startswith("mismatch/") for k in s1)
     for key in ("loss/clipped_frac", "loss/behav_weight_mean", "loss/entropy", "train/grad_norm", "perf/train_s"):
         assert key in s1
     assert s1["loss/ratio_max"] != pytest.approx(1.0, abs=1e-6)  # the weights moved since sampling

@@ -20,12 +20,12 @@ from a3po.algo.prox import (
     proximal_logp,
     staleness,
 )
-from a3po.algo.stats import approx_error_stats, loss_stats, staleness_stats
+from a3po.algo.stats import approx_error_stats, loss_stats, mismatch_stats, staleness_stats
 
 __all__ = [
     "PROX_METHODS", "LossTerms", "aggregate", "approx_error_stats", "approximation_errors",
     "coupled_ppo_loss", "entropy_from_logits", "gae", "get_method", "interpolation_weight",
-    "kl_in_reward", "kl_penalty", "loss_stats", "masked_mean", "masked_sum",
+    "kl_in_reward", "kl_penalty", "loss_stats", "masked_mean", "mismatch_stats", "masked_sum",
     "normalize_advantages", "per_token", "ppo_loss", "proximal_logp", "shape_rewards",
     "staleness", "staleness_stats",
 ]

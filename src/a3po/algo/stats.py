@@ -12,6 +12,12 @@ padding never count):
     loss/approx_kl                mean of p_t - theta_t (k1 estimate of KL(pi_prox || pi_theta))
     loss/entropy                  mean per-token entropy of pi_theta
     stale/mean, stale/max         d_t = v - version_t over generated tokens
+    stale/frac_d<k>               share of generated tokens with d_t = k, for every k = 0..eta
+    mismatch/abs_mean, _abs_max   |theta_t - b_t| on tokens with d_t = 0 (sampled by the very weights
+                                  being trained), at the first minibatch: train/rollout numerics gap
+    mismatch/k3                   mean of exp(theta_t - b_t) - 1 - (theta_t - b_t) there: k3 estimate of
+                                  KL(pi_behav || pi_theta) (samples come from pi_behav)
+    mismatch/tokens               how many tokens those three are over (keys absent when none)
     prox_err/<approx>/<err>       metrics mode: mean abs, rel, sq, iw error (see prox.ApproxErrors)
     prox_err/<approx>/<err>/d<k>  the same, restricted to tokens of staleness k
     prox_err/tokens/d<k>          how many tokens had staleness k (to pool the means over steps)
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from a3po.algo.kl import kl_penalty
 from a3po.algo.loss import LossTerms
 from a3po.algo.masked import masked_max, masked_mean, masked_min
 from a3po.algo.prox import ApproxErrors, staleness
@@ -51,10 +58,29 @@ def loss_stats(
     return {k: float(v) for k, v in out.items()}
 
 
-def staleness_stats(versions: Tensor, current_version: int, mask: Tensor) -> dict[str, float]:
-    d = staleness(versions, current_version).float()
+def staleness_stats(versions: Tensor, current_version: int, mask: Tensor, eta: int) -> dict[str, float]:
+    d = staleness(versions, current_version)
     m = mask.bool() & (versions >= 0)
-    return {"stale/mean": float(masked_mean(d, m)), "stale/max": float(masked_max(d, m))}
+    out = {"stale/mean": float(masked_mean(d.float(), m)), "stale/max": float(masked_max(d.float(), m))}
+    n = max(1, int(m.sum()))
+    for k in range(eta + 1):
+        out[f"stale/frac_d{k}"] = float((m & (d == k)).sum()) / n
+    return out
+
+
+def mismatch_stats(logp_theta: Tensor, logp_behav: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the trainer's log-probs are from the sampler's on tokens both computed with the
+    same weights; {} when there are none (a deep pipeline may have no d = 0 tokens)."""
+    m = mask.bool()
+    if not m.any():
+        return {}
+    gap = (logp_theta.detach() - logp_behav).masked_fill(~m, 0.0)
+    return {
+        "mismatch/abs_mean": float(masked_mean(gap.abs(), m)),
+        "mismatch/abs_max": float(masked_max(gap.abs(), m)),
+        "mismatch/k3": float(masked_mean(kl_penalty(logp_behav, logp_theta.detach(), "k3"), m)),
+        "mismatch/tokens": float(m.sum()),
+    }
 
 
 def approx_error_stats(

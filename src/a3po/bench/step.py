@@ -50,7 +50,7 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
         versions = [v - (j % (args.eta + 1)) for j in range(args.output_len)]
         trajs.append(Trajectory(prompt_ids=torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist(),
                                 output_ids=torch.randint(0, vocab, (args.output_len,), generator=g).tolist(),
-                                output_logprobs=[0.0] * args.output_len, output_versions=versions, group_id=i))
+                                output_logprobs=[0.0] * args.output_len, output_versions=versions))
     batch = collate(trajs, advantages=torch.randn(args.batch, generator=g))
     batch.logp_behav = engine.compute_logp(batch, model)  # (B, T), 0 outside the outputs
     return batch

@@ -98,10 +98,12 @@ class GenerationConfig:
 @dataclass
 class RolloutConfig:
     max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the trainer; 0 = synchronous", ge=0)
-    max_concurrent_rollouts: int | None = opt(None, "prompt groups generating at once; null = one training batch", ge=1)
+    max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or queued in a worker); null = as many as the bound allows, (eta + 1) x batch_size, capped at 1024 sequences", ge=1)
     n_workers: int = opt(1, "rollout worker processes", ge=1)
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
-    dtype: str = opt("float32", "parameter dtype of the rollout engines' model copy", choices=("float32", "bfloat16"))
+    dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
+    weight_update: str = opt("reprefill", "what a worker does with sequences in flight when new weights arrive: reprefill (recompute their KV cache with the new weights) or keep_kv (keep the old weights' KV cache and continue with the new weights)", choices=("reprefill", "keep_kv"))
+    stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports anything for this long", gt=0)
 
 
 @dataclass

@@ -10,10 +10,17 @@ together, then merged into the running batch), samples one token for every runni
 sequence, retires finished ones, and runs one decode forward pass for the rest. So new
 requests join while others run, and a finished sequence frees its row at once.
 
-`update_weights` copies new weights in place between two steps and re-prefills every
-sequence in flight with them: the KV cache of the old weights is discarded (DESIGN §5
-warns what stale KV does to log-probs), and tokens sampled afterwards carry the new
-version.
+`update_weights` copies new weights in place between two steps. What happens to the
+sequences in flight is `reprefill_on_update` (config `rollout.weight_update`):
+  - True ("reprefill"): they are prefilled again with the new weights, so their KV cache
+    and next-token logits are exact for the new version; every token sampled afterwards
+    carries it. Costs one prefill of every running sequence per version.
+  - False ("keep_kv"): their KV cache, computed by older weights, is kept and decoding
+    continues with the new weights. Each token still records the exact log-prob it was
+    drawn with (so the behaviour weight p/b stays valid) and the version of the weights
+    that computed its logits; only the prefix's influence is of older weights. The token
+    drawn right after the update comes from logits the old weights computed and so
+    carries the old version.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class LocalEngine:
         pad_id: int = 0,
         seed: int = 0,
         version: int = 0,
+        reprefill_on_update: bool = True,
     ):
         self.model = model.eval()
         self.eos = frozenset(int(i) for i in eos_token_ids)
@@ -60,6 +68,7 @@ class LocalEngine:
         self.max_batch = max_batch
         self.pad_id = pad_id
         self.version = version
+        self.reprefill_on_update = reprefill_on_update
         self.paused = False
         self._seed = seed
         self._n_seen = 0
@@ -69,6 +78,7 @@ class LocalEngine:
         self._attn: Tensor | None = None  # (B, L) long, 1 on real tokens
         self._next_pos: Tensor | None = None  # (B,) position of the next token
         self._logits: Tensor | None = None  # (B, V) logits for the next token
+        self._logits_version: Tensor | None = None  # (B,) version of the weights that computed them
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
@@ -98,8 +108,9 @@ class LocalEngine:
         for name, value in weights.items():
             own[name].copy_(value)
         self.version = version
-        if self._running:
+        if self._running and self.reprefill_on_update:
             self._cache, self._attn, self._next_pos, self._logits = self._prefill([r.tokens for r in self._running])
+            self._logits_version.fill_(version)
 
     @torch.no_grad()
     def step(self) -> list[Completion]:
@@ -110,11 +121,12 @@ class LocalEngine:
             return []
         tokens, logps = self._sample()
         finished, keep = [], []
-        for i, (r, tok, lp) in enumerate(zip(self._running, tokens.tolist(), logps.tolist())):
+        rows = zip(self._running, tokens.tolist(), logps.tolist(), self._logits_version.tolist())
+        for i, (r, tok, lp, ver) in enumerate(rows):
             c = r.completion
             c.output_ids.append(tok)
             c.output_logprobs.append(lp)
-            c.output_versions.append(self.version)
+            c.output_versions.append(ver)
             if tok in r.stop_ids or self._hit_stop_string(r):
                 c.finish_reason = "stop"
                 finished.append(c)
@@ -143,10 +155,13 @@ class LocalEngine:
         if not new:
             return
         cache, attn, pos, logits = self._prefill([r.tokens for r in new])
+        versions = torch.full((len(new),), self.version, dtype=torch.long)
         if not self._running:
             self._cache, self._attn, self._next_pos, self._logits = cache, attn, pos, logits
+            self._logits_version = versions
         else:
             self._merge(cache, attn, pos, logits)
+            self._logits_version = torch.cat([self._logits_version, versions])
         self._running.extend(new)
 
     def _forward(self, ids: Tensor, attn: Tensor, pos: Tensor, cache) -> Tensor:
@@ -208,12 +223,13 @@ class LocalEngine:
         """One decode forward pass for every running row with its newest token."""
         self._attn = torch.cat([self._attn, torch.ones(len(tokens), 1, dtype=torch.long)], 1)
         self._logits = self._forward(tokens[:, None], self._attn, self._next_pos[:, None], self._cache)
+        self._logits_version = torch.full_like(self._logits_version, self.version)
         self._next_pos = self._next_pos + 1
 
     def _keep_rows(self, keep: list[int], tokens: Tensor) -> None:
         self._running = [self._running[i] for i in keep]
         if not keep:
-            self._cache = self._attn = self._next_pos = self._logits = None
+            self._cache = self._attn = self._next_pos = self._logits = self._logits_version = None
             return
         idx = torch.tensor(keep, dtype=torch.long)
         attn = self._attn[idx]
@@ -222,6 +238,7 @@ class LocalEngine:
             layer.keys = layer.keys[idx, :, start:]
             layer.values = layer.values[idx, :, start:]
         self._attn, self._next_pos, self._logits = attn[:, start:], self._next_pos[idx], self._logits[idx]
+        self._logits_version = self._logits_version[idx]
         self._decode(tokens[idx])
 
 

@@ -35,7 +35,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class Work:
     slot: int  # admission index; the group is trained on at version slot // batch_size
     example: Example
-    greedy: bool = False
 
 
 @dataclass
@@ -57,10 +56,10 @@ class Ready:
 class GroupDone:
     worker_id: int
     slot: int
-    example_index: int
     trajectories: list[Trajectory]
     reward_failures: list[str] = field(default_factory=list)
-    gen_seconds: float = 0.0
+    idle_s: float = 0.0  # the worker's cumulative idle time (nothing to generate) ...
+    alive_s: float = 0.0  # ... and time since it became ready, for rollout/idle_frac
 
 
 @dataclass
@@ -68,6 +67,8 @@ class WeightsLoaded:
     worker_id: int
     version: int
     seconds: float
+    idle_s: float = 0.0
+    alive_s: float = 0.0
 
 
 @dataclass
@@ -85,17 +86,25 @@ class _Worker:
     def __init__(self, worker_id: int, cfg: Config, reward_fn, weights, version: int, outbox):
         from a3po.models import load_policy
         from a3po.rollout.local import LocalEngine
+        from a3po.train.engine import resolve_dtype
 
         self.id, self.cfg, self.outbox = worker_id, cfg, outbox
-        model, self.tok = load_policy(cfg.actor.path, dtype=DTYPES[cfg.rollout.dtype], seed=cfg.seed)
+        dtype = DTYPES[resolve_dtype(cfg.rollout.dtype)]
+        model, self.tok = load_policy(cfg.actor.path, dtype=dtype, seed=cfg.seed)
         self.shared = weights
         self.engine = LocalEngine(
             model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
             max_batch=max(cfg.gconfig.n_samples, 64), pad_id=self.tok.pad_token_id, version=version,
+            reprefill_on_update=cfg.rollout.weight_update == "reprefill",
         )
         self.engine.update_weights(weights, version)
         self.reward = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
-        self.groups: dict[int, tuple[Work, list[Completion], float]] = {}
+        self.groups: dict[int, tuple[Work, list[Completion]]] = {}
+        self.t_ready = time.perf_counter()
+        self.idle_s = 0.0
+
+    def clock(self) -> dict[str, float]:
+        return {"idle_s": self.idle_s, "alive_s": time.perf_counter() - self.t_ready}
 
     def start(self, work: Work) -> None:
         g = self.cfg.gconfig
@@ -105,11 +114,11 @@ class _Worker:
                 ids, g.max_new_tokens, rid=(work.slot, i), temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                 stop=tuple(g.stop), seed=request_seed(self.cfg.seed, work.slot, i),
             ))
-        self.groups[work.slot] = (work, [], time.perf_counter())
+        self.groups[work.slot] = (work, [])
 
     def finish(self, c: Completion) -> None:
         slot, _ = c.rid
-        work, done, t0 = self.groups[slot]
+        work, done = self.groups[slot]
         done.append(c)
         if len(done) < self.cfg.gconfig.n_samples:
             return
@@ -121,8 +130,8 @@ class _Worker:
             if failure:
                 failures.append(failure)
             trajs.append(Trajectory(comp.prompt_ids, comp.output_ids, comp.output_logprobs, comp.output_versions,
-                                    reward=reward, group_id=slot, finish_reason=comp.finish_reason))
-        self.outbox.put(GroupDone(self.id, slot, work.example.index, trajs, failures, time.perf_counter() - t0))
+                                    reward=reward, finish_reason=comp.finish_reason))
+        self.outbox.put(GroupDone(self.id, slot, trajs, failures, **self.clock()))
 
     def handle(self, msg) -> bool:
         """Apply one control message; False means stop."""
@@ -131,7 +140,7 @@ class _Worker:
         if isinstance(msg, LoadWeights):
             t0 = time.perf_counter()
             self.engine.update_weights(self.shared, msg.version)
-            self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0))
+            self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0, **self.clock()))
         elif isinstance(msg, Work):
             self.start(msg)
         return True
@@ -150,12 +159,15 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
         while running:
             idle = w.engine.num_pending == 0
             msgs = []
+            t0 = time.perf_counter()
             try:
                 msgs.append(inbox.get(timeout=1.0) if idle else inbox.get_nowait())
                 while True:
                     msgs.append(inbox.get_nowait())
             except queue.Empty:
                 pass
+            if idle:
+                w.idle_s += time.perf_counter() - t0
             for m in msgs:
                 running = running and w.handle(m)
             if os.getppid() != parent:  # the trainer died without stopping us

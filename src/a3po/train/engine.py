@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from a3po.algo import LossTerms, approximation_errors, approx_error_stats, get_method, kl_penalty, loss_stats, ppo_loss, proximal_logp, staleness_stats
+from a3po.algo import LossTerms, approximation_errors, approx_error_stats, get_method, kl_penalty, loss_stats, mismatch_stats, ppo_loss, proximal_logp
 from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
 from a3po.train.logprobs import token_logp_entropy
@@ -148,7 +148,7 @@ class TrainEngine:
         pieces: list[dict[str, Tensor]] = []
         grad_norms = []
         opt_s = 0.0
-        for rows in minibatches(len(batch), cfg.ppo_n_minibatches):
+        for k, rows in enumerate(minibatches(len(batch), cfg.ppo_n_minibatches)):
             mini = batch.select(rows)
             rec_mini = logp_recomputed[rows, : mini.input_ids.shape[1]] if logp_recomputed is not None else None
             n_tokens = mini.n_tokens
@@ -156,7 +156,7 @@ class TrainEngine:
             for micro_rows in micro_batches(mini, cfg.mb_spec.max_tokens_per_mb):
                 mb = mini.select(micro_rows)
                 rec = rec_mini[micro_rows, : mb.input_ids.shape[1]] if rec_mini is not None else None
-                pieces.append(self._micro_step(mb, rec, v, n_tokens, n_seqs))
+                pieces.append(self._micro_step(mb, rec, v, n_tokens, n_seqs, first_minibatch=k == 0))
             t_opt = time.perf_counter()
             grad_norms.append(self._optimizer_step())
             opt_s += time.perf_counter() - t_opt
@@ -171,7 +171,8 @@ class TrainEngine:
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats
 
-    def _micro_step(self, mb: TrainBatch, logp_recomputed: Tensor | None, v: int, n_tokens: int, n_seqs: int) -> dict[str, Tensor]:
+    def _micro_step(self, mb: TrainBatch, logp_recomputed: Tensor | None, v: int, n_tokens: int, n_seqs: int,
+                    first_minibatch: bool) -> dict[str, Tensor]:
         cfg = self.cfg
         logp, entropy = self._logp(self.model, mb)
         if self.method is None:
@@ -203,6 +204,9 @@ class TrainEngine:
             "dual_clipped": terms.dual_clipped[m], "behav_weight": terms.behav_weight[m], "capped": terms.capped[m],
             "m2_dropped": terms.m2_dropped[m], "pg": terms.pg[m], "logp": logp.detach()[m], "prox": prox[m],
             "entropy": entropy.detach()[m], "versions": mb.versions[m],
+            # tokens sampled by version v itself, before this step's first optimizer step changed
+            # the weights: theta and b there differ only by train/rollout numerics
+            "fresh": m[m] & (mb.versions[m] == v) & first_minibatch, "behav": mb.logp_behav[m],
         }
         if self.method is not None and self.method.reports_errors:
             errs = approximation_errors(logp_recomputed, mb.logp_behav, logp, mb.versions, v)
@@ -231,7 +235,7 @@ class TrainEngine:
         out = loss_stats(terms, mask, cat("logp"), cat("prox"), cat("entropy"))
         out["train/n_tokens"] = float(mask.sum())
         out["loss/total"] = float(sum(p["loss"] for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
-        out.update(staleness_stats(cat("versions"), v, mask))
+        out.update(mismatch_stats(cat("logp"), cat("behav"), cat("fresh")))
         if "errors" in pieces[0]:
             errs = {name: ApproxErrors(**{k: torch.cat([p["errors"][name][k] for p in pieces])[None] for k in ("abs", "rel", "sq", "iw")})
                     for name in pieces[0]["errors"]}

@@ -1,36 +1,34 @@
 """The asynchronous training loop: one `step` turns version v into v + 1.
 
-    1. admit and collect: keep workers busy within the staleness bound, wait for this
-       version's prompt groups (admission.py says which), refill filtered groups;
+    1. take this version's prompt groups from the rollout controller (controller.py), in
+       slot order, waiting only if they are not finished yet;
     2. advantages: shaped rewards -> group-relative advantages (algorithm core);
     3. PPO update on the batch (train/engine.py): version v -> v + 1;
-    4. weight sync: publish the new weights in shared memory, tell the workers;
+    4. weight sync: once every worker holds v, publish v + 1 in shared memory;
     5. statistics for this step.
 
-Rollout never stops: while the trainer runs stages 2-5, the workers keep generating the
-groups admitted for the next versions (up to eta ahead); with eta = 0 they idle instead,
-and the same code is synchronous on-policy training.
+Rollout does not wait for this loop: the controller thread keeps admitting groups and
+collecting finished ones during stages 2-5 and during evaluation and checkpoints, up to
+eta versions ahead of the trainer (admission.py holds the bound). With eta = 0 only the
+current batch may be generated, so the workers idle while the trainer trains and the same
+code is synchronous on-policy training.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
-from a3po.algo import normalize_advantages, shape_rewards
+from a3po.algo import normalize_advantages, shape_rewards, staleness_stats
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.rollout.pool import WorkerPool
-from a3po.rollout.worker import GroupDone, WeightsLoaded, Work
 from a3po.sync import SharedWeights
-from a3po.train.admission import Admission
+from a3po.train.controller import Controller
 from a3po.train.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
-
-MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
 
 
 class RewardFailureError(RuntimeError):
@@ -41,82 +39,35 @@ class StalenessError(RuntimeError):
     """A consumed token was staler than eta: a bug in admission or weight sync, never expected."""
 
 
-@dataclass
-class Collected:
-    groups: list[GroupDone]
-    wait_s: float
-    filtered: int = 0
-
-
 class Trainer:
     def __init__(self, cfg: Config, engine: TrainEngine, pool: WorkerPool, weights: SharedWeights,
                  data: TaskData, order: DataOrder, pad_id: int):
-        self.cfg, self.engine, self.pool, self.weights = cfg, engine, pool, weights
-        self.data, self.order, self.pad_id = data, order, pad_id
-        B = cfg.train_dataset.batch_size
-        max_running = cfg.rollout.max_concurrent_rollouts or B
-        self.admission = Admission(B, cfg.rollout.max_head_offpolicyness, max_running, engine.version)
-        self.done: dict[int, GroupDone] = {}
-        self.slot_cursor: dict[int, int] = {}  # data cursor when each in-flight slot was admitted
-        self.refill_count: dict[int, int] = {}
-        self.acked = [engine.version] * cfg.rollout.n_workers  # newest version each worker loaded
-        self._load_s: list[float] = []
+        self.cfg, self.engine, self.weights, self.pad_id = cfg, engine, weights, pad_id
+        self.controller = Controller(cfg, pool, data, order, engine.version)
+        self._started = False
+        self._last = None  # controller counters at the end of the previous step
 
-    # -- stage 1 ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self.controller.close()
 
-    def _admit(self) -> None:
-        v = self.engine.version
-        while (slot := self.admission.take(v)) is not None:
-            if slot not in self.slot_cursor:
-                self.slot_cursor[slot] = self.order.cursor
-            example = self.data.train[self.order.next()]
-            self.pool.submit(Work(slot, example))
-
-    def _handle(self, msg) -> int:
-        """Record one worker message; returns 1 if a group was filtered out."""
-        if isinstance(msg, WeightsLoaded):
-            self.acked[msg.worker_id] = max(self.acked[msg.worker_id], msg.version)
-            self._load_s.append(msg.seconds)
-            return 0
-        if not isinstance(msg, GroupDone):
-            return 0
-        self.pool.group_finished(msg.worker_id)
-        rewards = [t.reward for t in msg.trajectories]
-        uninformative = max(rewards) == min(rewards)
-        if self.cfg.train_dataset.dynamic_filtering and uninformative and self.refill_count.get(msg.slot, 0) < MAX_REFILLS_PER_SLOT:
-            self.refill_count[msg.slot] = self.refill_count.get(msg.slot, 0) + 1
-            self.admission.done(msg.slot, refill=True)
-            return 1
-        self.admission.done(msg.slot)
-        self.done[msg.slot] = msg
-        return 0
-
-    def collect(self) -> Collected:
-        v = self.engine.version
-        slots = self.admission.batch_slots(v)
-        t0 = time.perf_counter()
-        filtered = 0
-        self._admit()
-        while not all(s in self.done for s in slots):
-            msg = self.pool.receive(timeout=1.0)
-            if msg is not None:
-                filtered += self._handle(msg)
-                self._admit()
-        groups = [self.done.pop(s) for s in slots]
-        for s in slots:
-            self.slot_cursor.pop(s, None)
-            self.refill_count.pop(s, None)
-        return Collected(groups, time.perf_counter() - t0, filtered)
+    def resume_cursor(self) -> int:
+        """Data position to restart from: the first example of any group not yet trained on."""
+        return self.controller.resume_cursor()
 
     # -- the step ---------------------------------------------------------------------------
 
     def step(self) -> dict[str, float]:
-        cfg, a = self.cfg, self.cfg.actor
+        cfg, a, ctl = self.cfg, self.cfg.actor, self.controller
         v = self.engine.version
+        eta = cfg.rollout.max_head_offpolicyness
         t_step = time.perf_counter()
+        if not self._started:  # rollout starts with the first step, after the initial evaluation
+            ctl.start()
+            self._started = True
+            self._last = ctl.snapshot()
 
-        # 1. Admit and collect this version's groups.
-        got = self.collect()
+        # 1. This version's groups, in slot order.
+        got = ctl.take_batch(v)
         trajs: list[Trajectory] = [t for g in got.groups for t in g.trajectories]
         failures = [f for g in got.groups for f in g.reward_failures]
         if len(failures) > cfg.train_dataset.max_reward_failure_frac * len(trajs):
@@ -126,10 +77,11 @@ class Trainer:
             )
         batch_versions = [min(t.output_versions) for t in trajs if t.output_versions]
         oldest = min(batch_versions) if batch_versions else v
-        if v - oldest > cfg.rollout.max_head_offpolicyness:
-            raise StalenessError(f"a token of version {oldest} reached training at version {v} (eta={cfg.rollout.max_head_offpolicyness})")
+        if v - oldest > eta:
+            raise StalenessError(f"a token of version {oldest} reached training at version {v} (eta={eta})")
 
         # 2. Advantages from shaped rewards, group-relative (algorithm core).
+        before_train = ctl.snapshot()
         raw = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         shaped = shape_rewards(raw, a.reward_scaling, a.reward_bias, a.reward_clip)
         adv = normalize_advantages(shaped, cfg.gconfig.n_samples, a.adv_norm.mean_level, a.adv_norm.std_level,
@@ -138,20 +90,21 @@ class Trainer:
 
         # 3. PPO update: version v -> v + 1.
         stats = self.engine.ppo_update(batch)
+        after_train = ctl.snapshot()
 
         # 4. Weight sync: every worker must have loaded v before v + 1 overwrites the buffer.
         t0 = time.perf_counter()
-        while min(self.acked) < v:
-            msg = self.pool.receive(timeout=1.0)
-            if msg is not None:
-                got.filtered += self._handle(msg)
+        ctl.wait_loaded(v)
         self.weights.publish(self.engine.weights())
-        self.pool.load_weights(self.engine.version)
+        ctl.publish(self.engine.version)
         stats["perf/weight_sync_s"] = time.perf_counter() - t0
 
         # 5. Statistics.
+        now = ctl.snapshot()
         gen_tokens = sum(len(t.output_ids) for t in trajs)
         step_s = time.perf_counter() - t_step
+        stats.update(staleness_stats(batch.versions, v, batch.loss_mask, eta))
+        stats.update(self._idle_fractions(self._last, now))
         stats.update({
             "rollout/reward_mean": float(raw.mean()),
             "rollout/reward_std": float(raw.std()) if len(raw) > 1 else 0.0,
@@ -161,14 +114,26 @@ class Trainer:
             "rollout/reward_failures": float(len(failures)),
             "rollout/filtered_groups": float(got.filtered),
             "rollout/two_version_frac": sum(len(set(t.output_versions)) > 1 for t in trajs) / max(1, len(trajs)),
+            # groups admitted for later versions when the update ended: how far rollout ran ahead
+            "rollout/groups_ahead": max(0.0, after_train["next_slot"] - (v + 1) * cfg.train_dataset.batch_size),
+            "rollout/groups_done_while_training": after_train["groups_done"] - before_train["groups_done"],
             "perf/rollout_wait_s": got.wait_s,
-            "perf/weight_load_s": max(self._load_s) if self._load_s else 0.0,
+            "perf/weight_load_s": ctl.weight_load_s(),
             "perf/step_s": step_s,
             "perf/tokens_per_s": gen_tokens / step_s,
         })
-        self._load_s.clear()
+        self._last = now
         return stats
 
-    def resume_cursor(self) -> int:
-        """Data position to restart from: the first example of any group not yet trained on."""
-        return min(self.slot_cursor.values(), default=self.order.cursor)
+    @staticmethod
+    def _idle_fractions(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        """Each worker's share of the time between two snapshots with nothing to generate."""
+        out = {}
+        for key in after:
+            if key.startswith("idle_s/"):
+                w = key.split("/")[1]
+                alive = after[f"alive_s/{w}"] - before[f"alive_s/{w}"]
+                out[f"rollout/idle_frac/{w}"] = (after[key] - before[key]) / alive if alive > 0 else 0.0
+        fracs = list(out.values())
+        out["rollout/idle_frac"] = sum(fracs) / len(fracs) if fracs else 0.0
+        return out

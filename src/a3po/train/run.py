@@ -144,6 +144,7 @@ def _train(cfg: Config, resume: str | None) -> int:
         say(f"a3po: training stopped at step {step}: {e}")
         return 1
     finally:
+        trainer.close()
         pool.close()
         if sinks is not None:
             sinks.close()

@@ -24,7 +24,6 @@ class Trajectory:
     output_logprobs: list[float]  # behaviour log-probs of output_ids
     output_versions: list[int]  # version of the weights that sampled each output token
     reward: float = 0.0
-    group_id: int = 0  # completions of the same prompt share it
     finish_reason: str = "stop"  # "stop" (end-of-sequence or stop string) or "length"
 
     def __post_init__(self) -> None:
@@ -34,10 +33,6 @@ class Trajectory:
                 f"trajectory fields out of step: {n} output tokens, {len(self.output_logprobs)} log-probs, "
                 f"{len(self.output_versions)} versions"
             )
-
-    @property
-    def oldest_version(self) -> int:
-        return min(self.output_versions) if self.output_versions else -1
 
 
 @dataclass

@@ -1,0 +1,200 @@
+"""The rollout controller: a thread beside the trainer that keeps rollout going while it trains.
+
+    ctl = Controller(cfg, pool, data, order, version=engine.version)
+    ctl.start()
+    got = ctl.take_batch(v)            # the groups of slots [vB, (v+1)B), in slot order
+    ...                                # PPO update: workers keep generating meanwhile
+    ctl.wait_loaded(v)                 # every worker holds v: the shared buffer may be overwritten
+    weights.publish(...); ctl.publish(v + 1)
+
+It owns admission (train/admission.py), the buffer of finished groups, dynamic-filtering
+refills and the data position of every group in flight; the trainer reaches them only
+through the methods above, each under one lock. Because admission runs on this thread,
+new groups start while the trainer computes advantages, the update, weight sync,
+evaluation or a checkpoint, so the pipeline can run a full eta versions ahead: with
+rollout faster than training, consumed tokens reach staleness eta, never more.
+
+Bound (stated once, enforced by `Admission.take` with the *published* version): a group
+admitted while version P is published has every token sampled by weights >= P (a worker's
+inbox is FIFO and `publish` queues LoadWeights(P) before any later Work), and it is
+consumed at version slot // B <= P + eta, so d <= eta.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from a3po.config import Config
+from a3po.data import TaskData
+from a3po.data.order import DataOrder
+from a3po.rollout.pool import WorkerError
+from a3po.rollout.worker import GroupDone, WeightsLoaded, Work
+from a3po.train.admission import Admission
+
+MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
+MAX_SEQUENCES_IN_FLIGHT = 1024  # cap of max_concurrent_rollouts=null, in sequences (groups x n_samples)
+POLL_S = 0.05  # how long the controller blocks on the workers' queue before it looks at admission again
+
+
+def max_running_groups(cfg: Config) -> int:
+    """rollout.max_concurrent_rollouts, or by default as many groups as the bound allows:
+    (eta + 1) * B, capped at MAX_SEQUENCES_IN_FLIGHT sequences (queued requests cost
+    little memory, but every admitted group's prompt and results are held)."""
+    r, B = cfg.rollout, cfg.train_dataset.batch_size
+    if r.max_concurrent_rollouts is not None:
+        return r.max_concurrent_rollouts
+    cap = max(r.n_workers, B, MAX_SEQUENCES_IN_FLIGHT // cfg.gconfig.n_samples)
+    return min((r.max_head_offpolicyness + 1) * B, cap)
+
+
+@dataclass
+class Collected:
+    groups: list[GroupDone]
+    wait_s: float
+    filtered: int
+
+
+@dataclass
+class WorkerClock:
+    """A worker's cumulative idle and alive seconds, as last reported."""
+
+    idle_s: float = 0.0
+    alive_s: float = 0.0
+
+
+class Controller:
+    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int,
+                 stall_timeout_s: float | None = None):
+        self.cfg, self.pool, self.data, self.order = cfg, pool, data, order
+        self.B = cfg.train_dataset.batch_size
+        self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version)
+        self.stall_timeout_s = stall_timeout_s if stall_timeout_s is not None else cfg.rollout.stall_timeout_s
+        self._cond = threading.Condition()
+        self._published = version  # newest version whose LoadWeights has been queued
+        self._done: dict[int, GroupDone] = {}
+        self._slot_cursor: dict[int, int] = {}  # data cursor when each in-flight slot was first admitted
+        self._refills: dict[int, int] = {}
+        self._acked = [version] * cfg.rollout.n_workers  # newest version each worker loaded
+        self._clocks = [WorkerClock() for _ in range(cfg.rollout.n_workers)]
+        self._filtered = 0
+        self._groups_done = 0
+        self._load_s: list[float] = []
+        self._last_msg = time.monotonic()
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="a3po-controller", daemon=True)
+
+    # -- the trainer's side -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def take_batch(self, version: int) -> Collected:
+        """Block until every group of `version`'s slots is finished; hand them over in slot order."""
+        slots = self.admission.batch_slots(version)
+        t0 = time.perf_counter()
+        with self._cond:
+            self._wait(lambda: all(s in self._done for s in slots), f"the prompt groups of step {version + 1}")
+            groups = [self._done.pop(s) for s in slots]
+            for s in slots:
+                self._slot_cursor.pop(s, None)
+                self._refills.pop(s, None)
+            filtered, self._filtered = self._filtered, 0
+        return Collected(groups, time.perf_counter() - t0, filtered)
+
+    def wait_loaded(self, version: int) -> None:
+        """Block until every worker has loaded `version` (the shared buffer is then free)."""
+        with self._cond:
+            self._wait(lambda: min(self._acked) >= version, f"the workers to load weights v{version}")
+
+    def publish(self, version: int) -> None:
+        """Weights `version` are in the shared buffer: tell the workers, then admit against it."""
+        with self._cond:
+            self.pool.load_weights(version)
+            self._published = version
+            self._cond.notify_all()
+
+    def snapshot(self) -> dict[str, float]:
+        """Counters the step statistics difference: groups finished, admitted slots, worker clocks."""
+        with self._cond:
+            out = {"groups_done": float(self._groups_done), "next_slot": float(self.admission.next_slot)}
+            for i, c in enumerate(self._clocks):
+                out[f"idle_s/w{i}"], out[f"alive_s/w{i}"] = c.idle_s, c.alive_s
+            return out
+
+    def weight_load_s(self) -> float:
+        """Slowest weight load since the last call."""
+        with self._cond:
+            out = max(self._load_s, default=0.0)
+            self._load_s.clear()
+            return out
+
+    def resume_cursor(self) -> int:
+        """Data position to restart from: the first example of any group not yet trained on."""
+        with self._cond:
+            return min(self._slot_cursor.values(), default=self.order.cursor)
+
+    def _wait(self, ready, what: str) -> None:
+        """Wait on the condition (lock held) until ready(); raise if the controller failed or the
+        workers stalled: no message from any of them for stall_timeout_s while work is due."""
+        start = time.monotonic()
+        while not ready():
+            if self._error is not None:
+                raise self._error
+            if time.monotonic() - max(start, self._last_msg) > self.stall_timeout_s:
+                raise WorkerError(f"no rollout worker reported anything for {self.stall_timeout_s:.0f}s while waiting "
+                                  f"for {what}; a worker is stuck (raise rollout.stall_timeout_s if it is only slow)")
+            self._cond.wait(timeout=0.5)
+
+    # -- the controller thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._cond:
+                    self._admit()
+                msg = self.pool.receive(timeout=POLL_S)
+                if msg is not None:
+                    with self._cond:
+                        self._handle(msg)
+                        self._cond.notify_all()
+        except BaseException as e:  # handed to the trainer, which stops the run with it
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _admit(self) -> None:
+        while (slot := self.admission.take(self._published)) is not None:
+            self._slot_cursor.setdefault(slot, self.order.cursor)
+            example = self.data.train[self.order.next()]
+            self.pool.submit(Work(slot, example))
+
+    def _handle(self, msg) -> None:
+        self._last_msg = time.monotonic()
+        if isinstance(msg, (GroupDone, WeightsLoaded)):
+            self._clocks[msg.worker_id] = WorkerClock(msg.idle_s, msg.alive_s)
+        if isinstance(msg, WeightsLoaded):
+            self._acked[msg.worker_id] = max(self._acked[msg.worker_id], msg.version)
+            self._load_s.append(msg.seconds)
+            return
+        if not isinstance(msg, GroupDone):
+            return
+        self.pool.group_finished(msg.worker_id)
+        self._groups_done += 1
+        rewards = [t.reward for t in msg.trajectories]
+        uninformative = max(rewards) == min(rewards)
+        refills = self._refills.get(msg.slot, 0)
+        if self.cfg.train_dataset.dynamic_filtering and uninformative and refills < MAX_REFILLS_PER_SLOT:
+            self._refills[msg.slot] = refills + 1
+            self._filtered += 1
+            self.admission.done(msg.slot, refill=True)
+            return
+        self.admission.done(msg.slot)
+        self._done[msg.slot] = msg
