@@ -63,7 +63,7 @@ def test_procedural_task_loads_with_disjoint_held_out_split_and_scores_its_own_a
 
 
 def test_small_problem_space_is_deduplicated_against_the_held_out_split():
-    # two one-digit terms: ~200 distinct problems, so independent draws overlap heavily (DESIGN §6)
+    # two one-digit terms: ~200 distinct problems, so independent draws overlap heavily
     cfg = DatasetConfig(task_params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, size=2000)
     data = load_task(cfg, eval_size=64, seed=1)
     held = {normalise_question(e.question) for e in data.eval}

@@ -1,4 +1,4 @@
-"""Proximal log-probs (a3po.algo.prox) and the DESIGN §4 invariants that follow from them.
+"""Proximal log-probs (a3po.algo.prox) and the docs/design.md §5 invariants that follow from them.
 
 What this file proves, with hand-computed values where the arithmetic is short:
 - staleness d = v - version (0 on prompt tokens) and the weight lambda = (d - 1) / d;

@@ -1,4 +1,4 @@
-"""The decoupled PPO objective (DESIGN §4), and coupled PPO/GRPO as its special case.
+"""The decoupled PPO objective (docs/design.md §6), and coupled PPO/GRPO as its special case.
 
 Per generated token t, with theta = current log-prob (grad), p = proximal, b = behaviour:
 

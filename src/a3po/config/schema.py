@@ -102,7 +102,7 @@ class RolloutConfig:
     n_workers: int = opt(1, "rollout worker processes", ge=1)
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
     dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
-    weight_update: str = opt("reprefill", "what a worker does with sequences in flight when new weights arrive: reprefill (recompute their KV cache with the new weights) or keep_kv (keep the old weights' KV cache and continue with the new weights)", choices=("reprefill", "keep_kv"))
+    weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv (keep the KV cache older weights computed and continue with the new weights; log-probs stay exact, only the prefix is of older weights) or reprefill (recompute their KV cache with the new weights: exact, but one prefill of every running sequence per version)", choices=("reprefill", "keep_kv"))
     stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports anything for this long", gt=0)
 
 

@@ -8,7 +8,7 @@
 - task: the reasoning-gym task's own `score_answer`, applied to the final answer extracted
   from the completion (the last number; for countdown the last arithmetic expression).
   On raw text it gives partial credit to any completion that merely contains the right
-  number (DESIGN §6). Files have no task scorer and use math_verify.
+  number. Files have no task scorer and use math_verify.
 - math_verify: `math_verify.verify` of the parsed reference against the parsed completion, 1 or 0.
 - exact: the extracted final number equals the reference numerically ('72.0' == '72',
   '1,234' == '1234'); a non-numeric reference is compared as text (case and spacing aside).
@@ -196,7 +196,7 @@ def _parse_gold(answer: str) -> list:
 class MathVerifyReward:
     """1.0 if math_verify finds the completion's answer equal to the reference, else 0.0.
 
-    The timeouts are off (they use signals, which raise outside the main thread: DESIGN §5);
+    The timeouts are off (they use signals, which raise outside the main thread);
     `SafeReward` bounds the time instead.
     """
 

@@ -92,8 +92,8 @@ def derived_seed(seed: int, split: str) -> int:
 def _load_procedural(task: str, params: dict, size: int, eval_size: int, seed: int) -> TaskData:
     """Held-out split first (`eval_size` distinct questions), then `size` training draws minus held-out questions.
 
-    The dedupe matters: a small problem space (two-term one-digit sums are ~200 problems,
-    DESIGN §6) makes two independent draws overlap almost completely, and a "held-out"
+    The dedupe matters: a small problem space (two-term one-digit sums are ~200 problems)
+    makes two independent draws overlap almost completely, and a "held-out"
     accuracy that includes training questions measures memorisation.
     """
     for reserved in ("seed", "size"):

@@ -14,7 +14,7 @@ Every model comes back in eval mode with `dtype` parameters, and with eos/pad id
 between tokenizer, model.config and model.generation_config (pad falls back to eos).
 Errors a user can fix are ModelSourceError: one line, saying what is wrong and what to do.
 
-Deliberate deviation from DESIGN §5: the GGUF file is not read with
+The GGUF file is deliberately not read with
 `from_pretrained(folder, gguf_file=...)`, which in transformers 5 refuses to run without
 `accelerate` (a dependency for nothing else here). We build the model from the GGUF config
 and load the dequantized tensors with transformers' own `load_gguf_checkpoint`; the result is

@@ -1,4 +1,4 @@
-"""Admission control (DESIGN §3): how far rollout may run ahead of training.
+"""Admission control (docs/design.md §3): how far rollout may run ahead of training.
 
 Every admitted prompt group gets a slot number k in admission order, and the training
 step that turns version v into v + 1 consumes exactly the groups of slots

@@ -11,7 +11,7 @@ One training step (`ppo_update`) reads top to bottom:
   3. version += 1, and statistics.
 
 Weights stay fp32 (master copy); with dtype=bfloat16 the forward/backward run under
-autocast, about 3x faster on CPUs with AMX/AVX512-BF16 (DESIGN §6) but 10-16x slower on
+autocast, about 3x faster on CPUs with AMX/AVX512-BF16 (docs/design.md §8) but 10-16x slower on
 AVX2-only CPUs, hence dtype=auto. Log-probs are computed only on output
 tokens and one vocabulary chunk at a time (train/logprobs.py). The micro-batch token
 budget counts padded tokens, so micro-batches are formed from length-sorted rows and

@@ -4,7 +4,7 @@ Every per-token field is indexed by the token it describes: position i holds tok
 its behaviour log-prob log pi_behav(token_i | tokens_<i), the version of the weights
 that sampled it (-1 for prompt tokens), and whether the loss counts it. The trainer's
 own log-probs are placed on the same positions, so nothing is ever shifted relative to
-anything else (DESIGN §3: versions stay aligned with log-probs).
+anything else (docs/design.md §2: versions stay aligned with log-probs).
 """
 
 from __future__ import annotations
