@@ -169,7 +169,7 @@ def run(args: RolloutBenchArgs) -> dict:
              f"{len(arms)} arms x {args.repeats} repeats, {args.threads} thread(s); writing to {out}")
     secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
 
-    # only now: TrainEngine takes the float32 model as its own (use_cache off, train-mode toggles)
+    # only after the last generation: TrainEngine makes the float32 model its own (it turns use_cache off)
     trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
                           temperature=1.0)
     gaps = {d: logprob_gap(trainer, first[Arm("local", d)]) for d in args.dtypes}
