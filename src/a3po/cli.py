@@ -3,6 +3,7 @@
     a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
+    a3po bench rollout [options]                   rollout tokens/s per dtype vs model.generate, log-prob gap
     a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
 
 With no arguments `a3po train` runs the embedded default (the schema's defaults).
@@ -46,9 +47,9 @@ def _csv(kind):
 
 
 def _add_bench_parsers(sub) -> None:
-    from a3po.bench.args import ARM_NAMES, METHODS, StepBenchArgs
+    from a3po.bench.args import ARM_NAMES, METHODS, ROLLOUT_DTYPES, RolloutBenchArgs, StepBenchArgs
 
-    bench = sub.add_parser("bench", help="measure A-3PO against the forward pass it removes (step, e2e)",
+    bench = sub.add_parser("bench", help="measure A-3PO and the rollout engine side by side (step, rollout, e2e)",
                            description="Benchmarks whose ratios are measured side by side in one run.")
     kinds = bench.add_subparsers(dest="bench", metavar="KIND")
     d = StepBenchArgs()
@@ -68,6 +69,20 @@ def _add_bench_parsers(sub) -> None:
                       help="torch threads (default: the trainer's share of the cores in `a3po train`)")
     step.add_argument("--out", default=d.out, help="output folder (suffixed -2, -3, ... if taken)")
 
+    r = RolloutBenchArgs()
+    rollout = kinds.add_parser("rollout", help="rollout tokens/s per dtype vs model.generate, and the log-prob gap",
+                               description="Time the local rollout engine in each dtype against model.generate on "
+                                           "the same batch, and compare its log-probs with the trainer's.")
+    rollout.add_argument("--model", default=r.model, help="actor.path (tiny for a quick run)")
+    rollout.add_argument("--dtypes", type=_csv(str), default=r.dtypes, help=f"subset of {','.join(ROLLOUT_DTYPES)}")
+    rollout.add_argument("--trainer-dtype", default=r.trainer_dtype,
+                         help="actor.dtype of the trainer the log-probs are compared with (auto, float32, bfloat16)")
+    rollout.add_argument("--batch", type=int, default=r.batch, help="requests in the batch (the worker's max batch)")
+    rollout.add_argument("--max-new-tokens", type=int, default=r.max_new_tokens)
+    rollout.add_argument("--repeats", type=int, default=r.repeats)
+    rollout.add_argument("--threads", type=int, default=r.threads, help="torch threads (one rollout worker's share)")
+    rollout.add_argument("--out", default=r.out, help="output folder (suffixed -2, -3, ... if taken)")
+
     e2e = kinds.add_parser("e2e", help="the paper's table: every arm a real training run",
                            description="Run each arm as a full `a3po train` with the same seeds, steps and data "
                                        "order; write results.md, results.json and plots/.")
@@ -78,18 +93,26 @@ def _add_bench_parsers(sub) -> None:
     e2e.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
 
 
+def _from_args(cls, args):
+    """The benchmark's arguments dataclass from the parsed options it names, checked."""
+    return cls(**{k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__}).checked()
+
+
 def _bench(args, argv: list[str]) -> int:
     if args.bench == "step":
         from a3po.bench import step
 
-        keys = {k: v for k, v in vars(args).items() if k in step.StepBenchArgs.__dataclass_fields__}
-        return step.main(step.StepBenchArgs(**keys).checked())
+        return step.main(_from_args(step.StepBenchArgs, args))
+    if args.bench == "rollout":
+        from a3po.bench import rollout
+
+        return rollout.main(_from_args(rollout.RolloutBenchArgs, args))
     if args.bench == "e2e":
         from a3po.bench import e2e
 
         return e2e.main(e2e.E2EArgs(preset=args.preset, config=args.config, overrides=args.overrides, arms=args.arms,
                                     seeds=args.seeds, out=args.out, keep_checkpoints=args.keep_checkpoints), argv)
-    raise ConfigError("a3po bench: choose step or e2e (a3po bench --help)")
+    raise ConfigError("a3po bench: choose step, rollout or e2e (a3po bench --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 METHODS = ("recompute", "loglinear", "linear", "reuse")  # bench step's proximal methods
+ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics")  # bench e2e's arms, defined in e2e.py
 
 
@@ -32,6 +33,33 @@ class StepBenchArgs:
         problems += ["--threads must be at least 1"] if self.threads is not None and self.threads < 1 else []
         problems += [f"--methods: unknown '{m}' (choose from {','.join(METHODS)})" for m in self.methods if m not in METHODS]
         problems += [f"--minibatches: {m} must be between 1 and --batch" for m in self.minibatches if not 1 <= m <= self.batch]
+        if problems:
+            raise ConfigError(problems[0])
+        return self
+
+
+@dataclass
+class RolloutBenchArgs:
+    model: str = "smollm2-135m-instruct"
+    dtypes: list[str] = field(default_factory=lambda: list(ROLLOUT_DTYPES))
+    trainer_dtype: str = "auto"  # the actor dtype the log-prob gap is measured against
+    batch: int = 64  # the rollout worker's max batch: one worker's full load
+    max_new_tokens: int = 24  # gconfig.max_new_tokens' default
+    repeats: int = 3
+    threads: int = 1  # one rollout worker's share of this 2-core machine in `a3po train`
+    out: str = "runs/bench-rollout"
+
+    def checked(self) -> RolloutBenchArgs:
+        """Self, or a ConfigError naming the first bad argument."""
+        from a3po.config import ConfigError
+
+        problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "max_new_tokens", "repeats", "threads")
+                    if getattr(self, k) < 1]
+        problems += [f"--dtypes: unknown '{d}' (choose from {','.join(ROLLOUT_DTYPES)})"
+                     for d in self.dtypes if d not in ROLLOUT_DTYPES]
+        problems += ["--dtypes: give at least one, each once"] if not self.dtypes or len(set(self.dtypes)) < len(self.dtypes) else []
+        problems += [f"--trainer-dtype: unknown '{self.trainer_dtype}' (choose from auto,{','.join(ROLLOUT_DTYPES)})"
+                     ] if self.trainer_dtype not in ("auto", *ROLLOUT_DTYPES) else []
         if problems:
             raise ConfigError(problems[0])
         return self

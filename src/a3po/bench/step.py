@@ -19,7 +19,6 @@ Two measurements:
 from __future__ import annotations
 
 import copy
-import json
 import os
 import statistics
 import time
@@ -29,8 +28,8 @@ from pathlib import Path
 import torch
 
 from a3po.algo import proximal_logp
-from a3po.bench.args import METHODS, StepBenchArgs
-from a3po.bench.common import progress, spread, write_json
+from a3po.bench.args import StepBenchArgs
+from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
 from a3po.config import load_config
 from a3po.models import load_policy
 from a3po.rollout.pool import split_threads
@@ -143,9 +142,7 @@ def run(args: StepBenchArgs) -> dict:
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "steps": steps, "prox": prox,
     }
-    write_json(out / "step.json", record)
-    (out / "step.md").write_text(markdown(record))
-    record["out"] = str(out)
+    save_report(out, "step", record, markdown(record))
     return record
 
 
@@ -169,17 +166,11 @@ def markdown(r: dict) -> str:
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:
         sp = f"{p['speedup_vs_forward']:,.0f}x" if p["speedup_vs_forward"] else "-"
-        lines.append(f"| {p['method']} | {_fmt_s(p['time_median_s'])} | {_fmt_s(p['time_min_s'])}..{_fmt_s(p['time_max_s'])} | {sp} |")
+        lines.append(f"| {p['method']} | {fmt_s(p['time_median_s'])} | {fmt_s(p['time_min_s'])}..{fmt_s(p['time_max_s'])} | {sp} |")
     return "\n".join(lines) + "\n"
-
-
-def _fmt_s(x: float) -> str:
-    return f"{x:.2f} s" if x >= 0.1 else f"{x * 1e3:.3f} ms"
 
 
 def main(args: StepBenchArgs) -> int:
     record = run(args)
-    print(markdown(record))
-    print(f"written: {record['out']}/step.md, {record['out']}/step.json")
-    print(json.dumps({k: v for k, v in record.items() if k != "args"}))
+    print_report("step", record, markdown(record))
     return 0

@@ -1,0 +1,229 @@
+"""`a3po bench rollout`: tokens/s of the local rollout engine per dtype, against `model.generate`,
+and how far each dtype's behaviour log-probs are from the trainer's.
+
+    a3po bench rollout [--model M] [--dtypes float32,bfloat16] [--trainer-dtype auto]
+                       [--batch 64] [--max-new-tokens 24] [--repeats 3] [--threads 1] [--out DIR]
+
+Why both in one run: `rollout.dtype` trades generation speed against the gap between the
+log-probs b the engine reports for its tokens and the trainer's θ for the same tokens.
+Decoupled PPO corrects for that gap (the behaviour weight exp(p − b)), so a faster dtype
+is worth it only if the gap it opens stays small next to the policy's own staleness.
+
+Throughput arms, on the same prompts (chat-templated "What is a + b?", encoded as the
+rollout worker encodes its prompts), the same weights (the bfloat16 model is a cast of the
+float32 one, as a worker's copy is) and the same sampling settings (temperature 1, top-p 1,
+no top-k), for each dtype:
+  - local:    `LocalEngine` + `a3po.rollout.generate`, one batch of `--batch` requests;
+  - generate: `model.generate(do_sample=True)` on the same batch, left-padded with a mask.
+End-of-sequence stopping is off everywhere, so every row runs to `--max-new-tokens` and the
+arms' token counts must agree (checked). Arms alternate within each repeat, after one short
+untimed warm-up call each, so drifting machine load hits them alike; tokens/s is the median
+and min..max over `--repeats`.
+
+The gap: the completions each local engine sampled in its first timed repeat are scored by
+the trainer's own code path, `TrainEngine.compute_logp` (actor dtype `--trainer-dtype`,
+resolved as `actor.dtype=auto` is: bfloat16 where the CPU computes it natively), temperature
+1. Over the generated tokens, with θ the trainer's and b the engine's log-probs: mean and max
+|θ − b|, and k3 = mean(exp(θ − b) − (θ − b) − 1), an unbiased estimate of KL(behaviour ‖ trainer)
+because the tokens were drawn from the behaviour distribution.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from a3po.bench.args import RolloutBenchArgs
+from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
+from a3po.config import ConfigError, load_config
+from a3po.data import Example
+from a3po.models import ModelSourceError, load_policy
+from a3po.rollout import Completion, GenerationRequest, generate
+from a3po.rollout.local import LocalEngine
+from a3po.rollout.prompts import encode_prompt
+from a3po.rollout.worker import DTYPES
+from a3po.train.engine import TrainEngine, native_bf16, resolve_dtype
+from a3po.train.run import unique_dir
+from a3po.trajectories import Trajectory, collate
+
+ENGINES = ("local", "generate")
+Sampler = Callable[[list[list[int]], int, int], list[Completion]]  # (prompts, max_new_tokens, seed) -> completions
+
+
+@dataclass(frozen=True)
+class Arm:
+    engine: str  # one of ENGINES
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine} {self.dtype}"
+
+
+def arithmetic_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    """`n` short sums as token ids, through the chat template exactly as a rollout worker encodes its prompts."""
+    rng = random.Random(seed)
+    questions = [f"What is {rng.randint(1, 20)} + {rng.randint(1, 20)}?" for _ in range(n)]
+    return [encode_prompt(tokenizer, Example(q, "", i), None) for i, q in enumerate(questions)]
+
+
+def local_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
+    """One batch on a fresh engine whose batch holds every request, end-of-sequence stopping off."""
+    engine = LocalEngine(model, eos_token_ids=[], pad_id=pad_id, max_batch=len(prompts), seed=seed)
+    requests = [GenerationRequest(p, max_new_tokens, rid=i, seed=seed * 100_003 + i) for i, p in enumerate(prompts)]
+    return generate(engine, requests)
+
+
+def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
+    """One left-padded `model.generate` call, end-of-sequence stopping off (no log-probs: only timed)."""
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)  # (B, L)
+    attn = torch.zeros_like(ids)  # (B, L), 1 on real tokens
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p)
+        attn[i, L - len(p):] = 1
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                         max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad_id)
+    return [Completion(i, p, out[i, L:].tolist()) for i, p in enumerate(prompts)]  # out: (B, L + new)
+
+
+def samplers(base, dtypes: list[str], pad_id: int) -> dict[Arm, Sampler]:
+    """Both engines per dtype; a float32 model is `base` itself, others are casts of it (same weights)."""
+    models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in dtypes}
+    fns = {"local": local_sample, "generate": hf_sample}
+    return {Arm(e, d): partial(fns[e], models[d], pad_id) for d in dtypes for e in ENGINES}
+
+
+def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: int,
+            repeats: int) -> tuple[dict[Arm, list[float]], dict[Arm, list[Completion]]]:
+    """Seconds per call of every arm, arms alternating inside each repeat, and each arm's first timed completions."""
+    for sample in arms.values():  # first calls pay one-time costs (allocator, kernels); a short one is enough
+        sample(prompts[:2], 2, 0)
+    secs: dict[Arm, list[float]] = {a: [] for a in arms}
+    first: dict[Arm, list[Completion]] = {}
+    expected = len(prompts) * max_new_tokens
+    for rep in range(repeats):
+        for arm, sample in arms.items():
+            t0 = time.perf_counter()
+            completions = sample(prompts, max_new_tokens, rep + 1)
+            secs[arm].append(time.perf_counter() - t0)
+            n = sum(len(c.output_ids) for c in completions)
+            if n != expected:
+                raise RuntimeError(f"{arm.name} generated {n} tokens, expected {expected}: did a row stop early?")
+            first.setdefault(arm, completions)
+            progress(f"  {arm.name:<18} repeat {rep + 1}/{repeats}: {n} tokens in {secs[arm][-1]:.2f} s "
+                     f"({n / secs[arm][-1]:.0f} tok/s)")
+    return secs, first
+
+
+def logprob_gap(trainer: TrainEngine, completions: list[Completion]) -> dict:
+    """Trainer log-probs θ against the engine's b on every generated token: mean/max |θ − b| and k3 KL(b ‖ θ)."""
+    batch = collate([Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions) for c in completions])
+    theta = trainer.compute_logp(batch)[batch.loss_mask].double()  # (N,)
+    d = theta - batch.logp_behav[batch.loss_mask].double()  # (N,) θ − b
+    return {"tokens": d.numel(), "abs_mean": float(d.abs().mean()), "abs_max": float(d.abs().max()),
+            "k3_kl": float((d.exp() - d - 1).mean())}
+
+
+def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str]) -> list[dict]:
+    """One row per arm: tokens/s spread, seconds per call, local/generate and the ratio to the first dtype."""
+    med = {a: statistics.median(tokens / s for s in t) for a, t in secs.items()}
+    rows = []
+    for arm, t in secs.items():
+        rows.append({
+            "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
+            **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
+            "local_over_generate": med[arm] / med[Arm("generate", arm.dtype)] if arm.engine == "local" else None,
+            "over_first_dtype": med[arm] / med[Arm(arm.engine, dtypes[0])],
+        })
+    return rows
+
+
+def load_model(name: str):
+    """The float32 model and its tokenizer; a model that cannot be loaded is the user's one-line error."""
+    try:
+        return load_policy(name, dtype=torch.float32, seed=0)
+    except ModelSourceError as e:
+        raise ConfigError(str(e)) from e
+
+
+def run(args: RolloutBenchArgs) -> dict:
+    torch.set_num_threads(args.threads)
+    trainer_dtype = resolve_dtype(args.trainer_dtype)
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
+    base, tok = load_model(args.model)
+    out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind
+    prompts = arithmetic_prompts(tok, args.batch)
+    arms = samplers(base, args.dtypes, tok.pad_token_id)
+    progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
+             f"{len(arms)} arms x {args.repeats} repeats, {args.threads} thread(s); writing to {out}")
+    secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
+
+    # only after the last generation: TrainEngine makes the float32 model its own (it turns use_cache off)
+    trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
+                          temperature=1.0)
+    gaps = {d: logprob_gap(trainer, first[Arm("local", d)]) for d in args.dtypes}
+    rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes)
+    local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == "local"}
+    record = {
+        "benchmark": "rollout", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
+        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "prompt_len": [min(map(len, prompts)),
+                                                                                     max(map(len, prompts))],
+        "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "trainer_dtype": trainer_dtype,
+        "machine": {**machine(), "native_bf16": native_bf16()}, "torch": torch.__version__, "args": asdict(args),
+        "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
+        "arms": rows, "gap": [{"dtype": d, **g} for d, g in gaps.items()],
+        "local_bf16_over_fp32": local["bfloat16"] / local["float32"] if {"float32", "bfloat16"} <= set(local) else None,
+    }
+    save_report(out, "rollout", record, markdown(record))
+    return record
+
+
+def markdown(r: dict) -> str:
+    first = r["dtypes"][0]
+    lines = [
+        f"### Rollout throughput, {r['batch']} requests x {r['max_new_tokens']} new tokens",
+        "",
+        (f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['threads']} thread(s), median of "
+         f"{r['repeats']} repeats (arms alternated), temperature 1, no end-of-sequence stop, prompts of "
+         f"{r['prompt_len'][0]}-{r['prompt_len'][1]} tokens; torch {r['torch']}; {machine_line(r['machine'])}; "
+         f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end."),
+        "",
+        f"| engine | dtype | tokens | tok/s | min..max | per call | local / generate | vs {first} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a in r["arms"]:
+        vs = f"{a['local_over_generate']:.2f}x" if a["local_over_generate"] is not None else "-"
+        lines.append(f"| {a['engine']} | {a['dtype']} | {a['tokens']} | {a['tok_per_s_median']:.1f} "
+                     f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} | {vs} "
+                     f"| {a['over_first_dtype']:.2f}x |")
+    lines += [
+        "",
+        f"### Behaviour log-probs b against the trainer's θ ({r['trainer_dtype']})",
+        "",
+        (f"`TrainEngine.compute_logp` (actor.dtype={r['trainer_dtype']}, temperature 1) on the completions each "
+         "local engine sampled in its first timed repeat, over the generated tokens; "
+         "k3 = mean(exp(θ − b) − (θ − b) − 1) estimates KL(behaviour ‖ trainer)."),
+        "",
+        "| rollout dtype | tokens | mean abs(θ − b) | max abs(θ − b) | k3 KL |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for g in r["gap"]:
+        lines.append(f"| {g['dtype']} | {g['tokens']} | {g['abs_mean']:.3g} | {g['abs_max']:.3g} | {g['k3_kl']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(args: RolloutBenchArgs) -> int:
+    record = run(args)
+    print_report("rollout", record, markdown(record))
+    return 0

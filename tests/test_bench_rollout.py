@@ -1,0 +1,79 @@
+"""`a3po bench rollout`: the fast CI variant on the tiny model, run as a user runs it (a real
+subprocess), and its argument checks.
+
+Proves: both engines ran in both dtypes on the same work (every arm generated the same number
+of tokens, every ratio is positive); the output files and the last stdout line have the
+documented structure; the fp32 engine's log-probs are the trainer's own, token for token, when
+the trainer also computes in fp32 (the bound is far below what a one-position misalignment
+gives on the tiny model, about 1 nat per token); bf16 rounding opens a larger gap, and the k3
+KL estimate is never negative. Timing is printed, never asserted.
+
+    pytest tests/test_bench_rollout.py
+"""
+
+import json
+
+import pytest
+from test_bench import a3po
+
+TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2", "--out", "out"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    # the trainer computes in fp32 here whatever this CPU's `auto` resolves to, so that the fp32 gap is rounding only
+    cwd = tmp_path_factory.mktemp("rollout")
+    res = a3po(*TINY, "--trainer-dtype", "float32", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res, cwd / "out", json.loads((cwd / "out" / "rollout.json").read_text())
+
+
+@pytest.mark.slow
+def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_run):
+    _, _, rec = tiny_run
+    arms = [(a["engine"], a["dtype"]) for a in rec["arms"]]
+    assert arms == [("local", "float32"), ("generate", "float32"), ("local", "bfloat16"), ("generate", "bfloat16")]
+    for a in rec["arms"]:
+        assert a["tokens"] == 4 * 8, a  # no row stopped early, in any arm
+        assert a["tok_per_s_n"] == a["call_n"] == 2
+        assert 0 < a["tok_per_s_min"] <= a["tok_per_s_median"] <= a["tok_per_s_max"]
+        assert a["over_first_dtype"] > 0 and (a["dtype"] != "float32" or a["over_first_dtype"] == 1.0)
+        assert (a["local_over_generate"] > 0) if a["engine"] == "local" else a["local_over_generate"] is None
+    assert rec["local_bf16_over_fp32"] > 0
+    assert rec["dtypes"] == ["float32", "bfloat16"] and rec["trainer_dtype"] == "float32"
+    assert rec["batch"] == 4 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
+    assert rec["machine"]["cpu"] and isinstance(rec["machine"]["avx512_bf16"], bool)
+
+
+@pytest.mark.slow
+def test_bench_rollout_fp32_log_probs_are_the_trainers_and_bf16_drifts(tiny_run):
+    _, _, rec = tiny_run
+    gap = {g["dtype"]: g for g in rec["gap"]}
+    assert set(gap) == {"float32", "bfloat16"}
+    for g in gap.values():
+        assert g["tokens"] == 4 * 8
+        assert g["k3_kl"] >= 0 and 0 <= g["abs_mean"] <= g["abs_max"]
+    # same weights, same dtype, same temperature: only summation order differs (~1e-7); misaligned by
+    # one position, the tiny model's log-probs differ by ~1 nat
+    assert gap["float32"]["abs_max"] < 1e-4 and gap["float32"]["k3_kl"] < 1e-8
+    assert gap["bfloat16"]["abs_mean"] > 10 * gap["float32"]["abs_mean"]  # bf16 weights really were used
+
+
+@pytest.mark.slow
+def test_bench_rollout_writes_markdown_json_and_ends_stdout_with_one_json_line(tiny_run):
+    res, out, rec = tiny_run
+    md = (out / "rollout.md").read_text()
+    assert "| local | float32 | 32 |" in md and "| generate | bfloat16 | 32 |" in md
+    assert "### Behaviour log-probs b against the trainer's θ (float32)" in md and "| bfloat16 | 32 |" in md
+    assert "avx512_bf16" in md and md in res.stdout
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last == {**{k: v for k, v in rec.items() if k != "args"}, "out": "out"}
+    assert rec["args"]["model"] == "tiny" and rec["benchmark"] == "rollout"
+
+
+@pytest.mark.parametrize("bad, named", [(["--dtypes", "float32,float16"], "float16"), (["--batch", "0"], "--batch"),
+                                        (["--trainer-dtype", "fp16"], "fp16")])
+def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
+    res = a3po("bench", "rollout", *bad, cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and named in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()
