@@ -16,7 +16,8 @@ import json
 import pytest
 from test_bench import a3po
 
-TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2", "--out", "out"]
+TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2", "--out", "out",
+        "--update-every", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +33,17 @@ def tiny_run(tmp_path_factory):
 def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_run):
     _, _, rec = tiny_run
     arms = [(a["engine"], a["dtype"]) for a in rec["arms"]]
-    assert arms == [("local", "float32"), ("generate", "float32"), ("local", "bfloat16"), ("generate", "bfloat16")]
+    update_dtype = "bfloat16" if rec["machine"]["native_bf16"] else "float32"  # rollout.dtype=auto
+    assert arms == [("local", "float32"), ("generate", "float32"), ("local", "bfloat16"), ("generate", "bfloat16"),
+                    ("update:keep_kv", update_dtype), ("update:reprefill", update_dtype)]
     for a in rec["arms"]:
-        assert a["tokens"] == 4 * 8, a  # no row stopped early, in any arm
+        assert a["tokens"] == 4 * 8, a  # no row stopped early, in any arm, weight updates or not
         assert a["tok_per_s_n"] == a["call_n"] == 2
         assert 0 < a["tok_per_s_min"] <= a["tok_per_s_median"] <= a["tok_per_s_max"]
-        assert a["over_first_dtype"] > 0 and (a["dtype"] != "float32" or a["over_first_dtype"] == 1.0)
+        if not a["engine"].startswith("update:"):
+            assert a["over_first_dtype"] > 0 and (a["dtype"] != "float32" or a["over_first_dtype"] == 1.0)
         assert (a["local_over_generate"] > 0) if a["engine"] == "local" else a["local_over_generate"] is None
+    assert rec["update_every"] == 2 and rec["keep_kv_over_reprefill"] > 0
     assert rec["local_bf16_over_fp32"] > 0
     assert rec["dtypes"] == ["float32", "bfloat16"] and rec["trainer_dtype"] == "float32"
     assert rec["batch"] == 4 and rec["max_new_tokens"] == 8 and rec["threads"] == 1

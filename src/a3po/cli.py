@@ -80,6 +80,8 @@ def _add_bench_parsers(sub) -> None:
     rollout.add_argument("--batch", type=int, default=r.batch, help="requests in the batch (the worker's max batch)")
     rollout.add_argument("--max-new-tokens", type=int, default=r.max_new_tokens)
     rollout.add_argument("--repeats", type=int, default=r.repeats)
+    rollout.add_argument("--update-every", type=int, default=r.update_every,
+                         help="decode steps between in-flight weight updates in the rollout.weight_update arms (0: none)")
     rollout.add_argument("--threads", type=int, default=r.threads, help="torch threads (one rollout worker's share)")
     rollout.add_argument("--out", default=r.out, help="output folder (suffixed -2, -3, ... if taken)")
 

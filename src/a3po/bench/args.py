@@ -47,6 +47,7 @@ class RolloutBenchArgs:
     max_new_tokens: int = 24  # gconfig.max_new_tokens' default
     repeats: int = 3
     threads: int = 1  # one rollout worker's share of this 2-core machine in `a3po train`
+    update_every: int = 6  # decode steps between in-flight weight updates; 0 = no update arms
     out: str = "runs/bench-rollout"
 
     def checked(self) -> RolloutBenchArgs:
@@ -55,6 +56,7 @@ class RolloutBenchArgs:
 
         problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "max_new_tokens", "repeats", "threads")
                     if getattr(self, k) < 1]
+        problems += ["--update-every must be 0 (off) or at least 1"] if self.update_every < 0 else []
         problems += [f"--dtypes: unknown '{d}' (choose from {','.join(ROLLOUT_DTYPES)})"
                      for d in self.dtypes if d not in ROLLOUT_DTYPES]
         problems += ["--dtypes: give at least one, each once"] if not self.dtypes or len(set(self.dtypes)) < len(self.dtypes) else []

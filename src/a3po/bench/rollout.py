@@ -26,6 +26,14 @@ resolved as `actor.dtype=auto` is: bfloat16 where the CPU computes it natively),
 1. Over the generated tokens, with θ the trainer's and b the engine's log-probs: mean and max
 |θ − b|, and k3 = mean(exp(θ − b) − (θ − b) − 1), an unbiased estimate of KL(behaviour ‖ trainer)
 because the tokens were drawn from the behaviour distribution.
+
+In-flight weight updates (`--update-every K`, 0 = off): the local engine in `rollout.dtype`'s
+default resolution (bfloat16 where native) receives new weights every K decode steps, as a
+worker does while the trainer publishes versions, once per `rollout.weight_update` mode:
+  - reprefill: every running sequence is prefilled again with the new weights;
+  - keep_kv:   the KV cache is kept and decoding continues with the new weights.
+The weights loaded are the model's own (so both modes sample the same kind of text and the
+token counts agree); what is measured is what each mode costs a rollout-bound worker.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from a3po.train.run import unique_dir
 from a3po.trajectories import Trajectory, collate
 
 ENGINES = ("local", "generate")
+UPDATE_MODES = ("keep_kv", "reprefill")  # rollout.weight_update, as engines "update:<mode>"
 Sampler = Callable[[list[list[int]], int, int], list[Completion]]  # (prompts, max_new_tokens, seed) -> completions
 
 
@@ -83,6 +92,23 @@ def local_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: i
     return generate(engine, requests)
 
 
+def updating_sample(model, pad_id: int, every: int, reprefill: bool, prompts: list[list[int]], max_new_tokens: int,
+                    seed: int) -> list[Completion]:
+    """`local_sample` while new weights (the model's own, as fp32 copies) arrive every `every` decode steps."""
+    weights = {k: v.float().clone() for k, v in model.state_dict().items()}
+    engine = LocalEngine(model, eos_token_ids=[], pad_id=pad_id, max_batch=len(prompts), seed=seed,
+                         reprefill_on_update=reprefill)
+    for i, p in enumerate(prompts):
+        engine.submit(GenerationRequest(p, max_new_tokens, rid=i, seed=seed * 100_003 + i))
+    done, steps = [], 0
+    while engine.num_pending:
+        done += engine.step()
+        steps += 1
+        if steps % every == 0:
+            engine.update_weights(weights, engine.version + 1)
+    return sorted(done, key=lambda c: c.rid)
+
+
 def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
     """One left-padded `model.generate` call, end-of-sequence stopping off (no log-probs: only timed)."""
     L = max(len(p) for p in prompts)
@@ -97,11 +123,18 @@ def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int,
     return [Completion(i, p, out[i, L:].tolist()) for i, p in enumerate(prompts)]  # out: (B, L + new)
 
 
-def samplers(base, dtypes: list[str], pad_id: int) -> dict[Arm, Sampler]:
-    """Both engines per dtype; a float32 model is `base` itself, others are casts of it (same weights)."""
-    models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in dtypes}
+def samplers(base, dtypes: list[str], pad_id: int, update_every: int) -> dict[Arm, Sampler]:
+    """Both engines per dtype; a float32 model is `base` itself, others are casts of it (same weights).
+    With update_every, the two weight-update modes in the rollout default dtype too."""
+    update_dtype = resolve_dtype("auto")
+    models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in {*dtypes, update_dtype}}
     fns = {"local": local_sample, "generate": hf_sample}
-    return {Arm(e, d): partial(fns[e], models[d], pad_id) for d in dtypes for e in ENGINES}
+    arms = {Arm(e, d): partial(fns[e], models[d], pad_id) for d in dtypes for e in ENGINES}
+    if update_every:
+        for mode in UPDATE_MODES:
+            arms[Arm(f"update:{mode}", update_dtype)] = partial(updating_sample, models[update_dtype], pad_id,
+                                                                update_every, mode == "reprefill")
+    return arms
 
 
 def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: int,
@@ -144,7 +177,7 @@ def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str]) -> li
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
             **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
             "local_over_generate": med[arm] / med[Arm("generate", arm.dtype)] if arm.engine == "local" else None,
-            "over_first_dtype": med[arm] / med[Arm(arm.engine, dtypes[0])],
+            "over_first_dtype": med[arm] / med[Arm(arm.engine, dtypes[0])] if Arm(arm.engine, dtypes[0]) in med else None,
         })
     return rows
 
@@ -164,7 +197,7 @@ def run(args: RolloutBenchArgs) -> dict:
     base, tok = load_model(args.model)
     out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind
     prompts = arithmetic_prompts(tok, args.batch)
-    arms = samplers(base, args.dtypes, tok.pad_token_id)
+    arms = samplers(base, args.dtypes, tok.pad_token_id, args.update_every)
     progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
              f"{len(arms)} arms x {args.repeats} repeats, {args.threads} thread(s); writing to {out}")
     secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
@@ -184,9 +217,16 @@ def run(args: RolloutBenchArgs) -> dict:
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "arms": rows, "gap": [{"dtype": d, **g} for d, g in gaps.items()],
         "local_bf16_over_fp32": local["bfloat16"] / local["float32"] if {"float32", "bfloat16"} <= set(local) else None,
+        "update_every": args.update_every,
+        "keep_kv_over_reprefill": _ratio(rows, "update:keep_kv", "update:reprefill"),
     }
     save_report(out, "rollout", record, markdown(record))
     return record
+
+
+def _ratio(rows: list[dict], a: str, b: str) -> float | None:
+    med = {r["engine"]: r["tok_per_s_median"] for r in rows}
+    return med[a] / med[b] if a in med and b in med else None
 
 
 def markdown(r: dict) -> str:
@@ -204,9 +244,13 @@ def markdown(r: dict) -> str:
     ]
     for a in r["arms"]:
         vs = f"{a['local_over_generate']:.2f}x" if a["local_over_generate"] is not None else "-"
+        first_vs = f"{a['over_first_dtype']:.2f}x" if a["over_first_dtype"] is not None else "-"
         lines.append(f"| {a['engine']} | {a['dtype']} | {a['tokens']} | {a['tok_per_s_median']:.1f} "
                      f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} | {vs} "
-                     f"| {a['over_first_dtype']:.2f}x |")
+                     f"| {first_vs} |")
+    if r["keep_kv_over_reprefill"] is not None:
+        lines += ["", f"`update:<mode>`: the local engine with new weights every {r['update_every']} decode steps "
+                      f"(`rollout.weight_update`); keep_kv / reprefill = **{r['keep_kv_over_reprefill']:.2f}x**."]
     lines += [
         "",
         f"### Behaviour log-probs b against the trainer's θ ({r['trainer_dtype']})",
