@@ -65,12 +65,11 @@ class WorkerClock:
 
 
 class Controller:
-    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int,
-                 stall_timeout_s: float | None = None):
+    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int):
         self.cfg, self.pool, self.data, self.order = cfg, pool, data, order
         self.B = cfg.train_dataset.batch_size
         self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version)
-        self.stall_timeout_s = stall_timeout_s if stall_timeout_s is not None else cfg.rollout.stall_timeout_s
+        self.stall_timeout_s = cfg.rollout.stall_timeout_s
         self._cond = threading.Condition()
         self._published = version  # newest version whose LoadWeights has been queued
         self._done: dict[int, GroupDone] = {}

@@ -157,7 +157,7 @@ def _postfix(stats: dict, acc: float | None) -> str:
     if acc is not None:
         parts.append(f"eval {acc:.2f}")
     parts += [
-        f"stale {stats['stale/mean']:.1f}/{stats['stale/max']:.0f}",
+        f"stale {stats['stale/mean']:.1f}/{stats['stale/max']:.0f} ahead {stats['rollout/groups_ahead']:.0f}",
         f"{stats['perf/tokens_per_s']:.0f} tok/s",
         f"wait {stats['perf/rollout_wait_s']:.1f}s train {stats['perf/train_s']:.1f}s "
         f"prox {stats['perf/prox_logp_s']:.2f}s sync {stats['perf/weight_sync_s']:.2f}s",
@@ -185,6 +185,7 @@ def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
         lines += [
             f"  task reward (first/last 5 steps)  {mean(head, 'rollout/reward_mean'):.3f} -> {mean(tail, 'rollout/reward_mean'):.3f}",
             f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / {max(s['stale/max'] for s in steps):.0f}",
+            f"  rollout idle             {mean(steps, 'rollout/idle_frac'):.0%} of the workers' time",
             f"  time per step            {mean(steps, 'perf/step_s'):.2f} s (rollout wait {mean(steps, 'perf/rollout_wait_s'):.2f}, "
             f"prox logp {mean(steps, 'perf/prox_logp_s'):.2f}, train {mean(steps, 'perf/train_s'):.2f}, "
             f"weight sync {mean(steps, 'perf/weight_sync_s'):.2f})",
