@@ -71,25 +71,33 @@ def _add_bench_parsers(sub) -> None:
     e2e = kinds.add_parser("e2e", help="the paper's table: every arm a real training run",
                            description="Run each arm as a full `a3po train` with the same seeds, steps and data "
                                        "order; write results.md, results.json and plots/.")
-    _add_config_args(e2e)
+    _add_train_bench_args(e2e, "e2e")
     e2e.add_argument("--arms", type=_csv(str), default=list(ARM_NAMES), help=f"subset of {','.join(ARM_NAMES)}")
-    e2e.add_argument("--seeds", type=int, default=1, help="repeat every arm with seeds seed, seed+1, ...")
-    e2e.add_argument("--out", help="output folder; an existing one is continued (default: a new <fileroot>/bench-e2e)")
-    e2e.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
+
+
+def _add_train_bench_args(p: argparse.ArgumentParser, name: str) -> None:
+    """What every benchmark made of `a3po train` runs takes (TrainBenchArgs)."""
+    _add_config_args(p)
+    p.add_argument("--seeds", type=int, default=1, help="repeat every run with seeds seed, seed+1, ...")
+    p.add_argument("--out", help=f"output folder; an existing one is continued (default: a new <fileroot>/bench-{name})")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
 
 
 def _bench(args, argv: list[str]) -> int:
     if args.bench == "step":
         from a3po.bench import step
 
-        keys = {k: v for k, v in vars(args).items() if k in step.StepBenchArgs.__dataclass_fields__}
-        return step.main(step.StepBenchArgs(**keys).checked())
+        return step.main(_args_of(step.StepBenchArgs, args).checked())
     if args.bench == "e2e":
         from a3po.bench import e2e
 
-        return e2e.main(e2e.E2EArgs(preset=args.preset, config=args.config, overrides=args.overrides, arms=args.arms,
-                                    seeds=args.seeds, out=args.out, keep_checkpoints=args.keep_checkpoints), argv)
+        return e2e.main(_args_of(e2e.E2EArgs, args), argv)
     raise ConfigError("a3po bench: choose step or e2e (a3po bench --help)")
+
+
+def _args_of(cls, args):
+    """The benchmark's argument dataclass from the parsed command line (same field names)."""
+    return cls(**{k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,12 +38,17 @@ class StepBenchArgs:
 
 
 @dataclass
-class E2EArgs:
+class TrainBenchArgs:
+    """What every benchmark made of `a3po train` runs takes (bench/runs.py)."""
+
     preset: str | None = None
     config: str | None = None
     overrides: list[str] = field(default_factory=list)
-    arms: list[str] = field(default_factory=lambda: list(ARM_NAMES))
     seeds: int = 1
     out: str | None = None
     keep_checkpoints: bool = False
 
+
+@dataclass
+class E2EArgs(TrainBenchArgs):
+    arms: list[str] = field(default_factory=lambda: list(ARM_NAMES))

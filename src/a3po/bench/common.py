@@ -1,4 +1,4 @@
-"""What both benchmarks share: progress lines, median and spread, JSON output."""
+"""What the benchmarks share: progress lines, median and spread, JSON output."""
 
 from __future__ import annotations
 
