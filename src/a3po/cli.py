@@ -4,6 +4,8 @@
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
     a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
+    a3po bench staleness [--etas 0,2,4,8] [--minibatches 1,4] [--arms ...] [--seeds N] [key=value ...]
+                                                   every arm's training against the staleness bound eta
 
 With no arguments `a3po train` runs the embedded default (the schema's defaults).
 A bad configuration prints one line and exits with code 2, never a traceback.
@@ -46,9 +48,9 @@ def _csv(kind):
 
 
 def _add_bench_parsers(sub) -> None:
-    from a3po.bench.args import ARM_NAMES, METHODS, StepBenchArgs
+    from a3po.bench.args import ARM_NAMES, METHODS, STALENESS_ARMS, StalenessArgs, StepBenchArgs
 
-    bench = sub.add_parser("bench", help="measure A-3PO against the forward pass it removes (step, e2e)",
+    bench = sub.add_parser("bench", help="measure A-3PO against the forward pass it removes (step, e2e, staleness)",
                            description="Benchmarks whose ratios are measured side by side in one run.")
     kinds = bench.add_subparsers(dest="bench", metavar="KIND")
     d = StepBenchArgs()
@@ -74,6 +76,20 @@ def _add_bench_parsers(sub) -> None:
     _add_train_bench_args(e2e, "e2e")
     e2e.add_argument("--arms", type=_csv(str), default=list(ARM_NAMES), help=f"subset of {','.join(ARM_NAMES)}")
 
+    s = StalenessArgs()
+    stale = kinds.add_parser("staleness", help="a staleness study: every arm at every eta and minibatch count",
+                             description="Run a grid of full `a3po train` runs over the staleness bound eta "
+                                         "(rollout.max_head_offpolicyness), actor.ppo_n_minibatches and the arms "
+                                         "coupled, recompute (run as prox_logp_method=metrics), loglinear and reuse; "
+                                         "write results.md, results.json and plots/.")
+    _add_train_bench_args(stale, "staleness")
+    stale.add_argument("--etas", type=_csv(int), default=s.etas, help="staleness bounds, e.g. 0,2,4,8")
+    stale.add_argument("--minibatches", type=_csv(int), default=s.minibatches,
+                       help="actor.ppo_n_minibatches values, e.g. 1,4 (reuse runs at 1 only)")
+    stale.add_argument("--arms", type=_csv(str), default=s.arms, help=f"subset of {','.join(STALENESS_ARMS)} (eta = 0 runs the coupled baseline whatever this says)")
+    stale.add_argument("--all-arms-at-eta0", action="store_true",
+                       help="run every arm at eta = 0 too (default: only the coupled baseline, which they all equal there)")
+
 
 def _add_train_bench_args(p: argparse.ArgumentParser, name: str) -> None:
     """What every benchmark made of `a3po train` runs takes (TrainBenchArgs)."""
@@ -92,7 +108,11 @@ def _bench(args, argv: list[str]) -> int:
         from a3po.bench import e2e
 
         return e2e.main(_args_of(e2e.E2EArgs, args), argv)
-    raise ConfigError("a3po bench: choose step or e2e (a3po bench --help)")
+    if args.bench == "staleness":
+        from a3po.bench import staleness
+
+        return staleness.main(_args_of(staleness.StalenessArgs, args).checked(), argv)
+    raise ConfigError("a3po bench: choose step, e2e or staleness (a3po bench --help)")
 
 
 def _args_of(cls, args):

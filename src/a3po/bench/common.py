@@ -26,6 +26,11 @@ def write_json(path: Path, record: dict) -> None:
     tmp.replace(path)
 
 
+def json_line(record: dict) -> str:
+    """One line of JSON (NaN/inf as null), for the last line of a benchmark's stdout."""
+    return json.dumps(_clean(record))
+
+
 def _clean(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
