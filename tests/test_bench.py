@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from a3po.bench.report import aggregate, approx_quality
-from a3po.bench.e2e import summarize_run
+from a3po.bench.runs import summarize_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_E2E = ["--preset", "tiny", "total_train_steps=3", "gconfig.max_new_tokens=8", "logging.tensorboard=false",

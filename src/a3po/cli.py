@@ -5,6 +5,8 @@
     a3po bench step [options]                      time one training step per proximal method
     a3po bench rollout [options]                   rollout tokens/s per dtype vs model.generate, log-prob gap
     a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
+    a3po bench staleness [--etas 0,2,4,8] [--minibatches 1,4] [--arms ...] [--seeds N] [key=value ...]
+                                                   every arm's training against the staleness bound eta
 
 With no arguments `a3po train` runs the embedded default (the schema's defaults).
 A bad configuration prints one line and exits with code 2, never a traceback.
@@ -47,9 +49,9 @@ def _csv(kind):
 
 
 def _add_bench_parsers(sub) -> None:
-    from a3po.bench.args import ARM_NAMES, METHODS, ROLLOUT_DTYPES, RolloutBenchArgs, StepBenchArgs
+    from a3po.bench.args import ARM_NAMES, METHODS, ROLLOUT_DTYPES, STALENESS_ARMS, RolloutBenchArgs, StalenessArgs, StepBenchArgs
 
-    bench = sub.add_parser("bench", help="measure A-3PO and the rollout engine side by side (step, rollout, e2e)",
+    bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side (step, rollout, e2e, staleness)",
                            description="Benchmarks whose ratios are measured side by side in one run.")
     kinds = bench.add_subparsers(dest="bench", metavar="KIND")
     d = StepBenchArgs()
@@ -88,16 +90,36 @@ def _add_bench_parsers(sub) -> None:
     e2e = kinds.add_parser("e2e", help="the paper's table: every arm a real training run",
                            description="Run each arm as a full `a3po train` with the same seeds, steps and data "
                                        "order; write results.md, results.json and plots/.")
-    _add_config_args(e2e)
+    _add_train_bench_args(e2e, "e2e")
     e2e.add_argument("--arms", type=_csv(str), default=list(ARM_NAMES), help=f"subset of {','.join(ARM_NAMES)}")
-    e2e.add_argument("--seeds", type=int, default=1, help="repeat every arm with seeds seed, seed+1, ...")
-    e2e.add_argument("--out", help="output folder; an existing one is continued (default: a new <fileroot>/bench-e2e)")
-    e2e.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
+
+    s = StalenessArgs()
+    stale = kinds.add_parser("staleness", help="a staleness study: every arm at every eta and minibatch count",
+                             description="Run a grid of full `a3po train` runs over the staleness bound eta "
+                                         "(rollout.max_head_offpolicyness), actor.ppo_n_minibatches and the arms "
+                                         "coupled, recompute (run as prox_logp_method=metrics), loglinear and reuse; "
+                                         "write results.md, results.json and plots/.")
+    _add_train_bench_args(stale, "staleness")
+    stale.add_argument("--etas", type=_csv(int), default=s.etas, help="staleness bounds, e.g. 0,2,4,8")
+    stale.add_argument("--minibatches", type=_csv(int), default=s.minibatches,
+                       help="actor.ppo_n_minibatches values, e.g. 1,4 (reuse runs at 1 only)")
+    stale.add_argument("--arms", type=_csv(str), default=s.arms, help=f"subset of {','.join(STALENESS_ARMS)} (eta = 0 runs the coupled baseline whatever this says)")
+    stale.add_argument("--all-arms-at-eta0", action="store_true",
+                       help="run every arm at eta = 0 too (default: only the coupled baseline, which they all equal there)")
+
+
+def _add_train_bench_args(p: argparse.ArgumentParser, name: str) -> None:
+    """What every benchmark made of `a3po train` runs takes (TrainBenchArgs)."""
+    _add_config_args(p)
+    p.add_argument("--seeds", type=int, default=1, help="repeat every run with seeds seed, seed+1, ...")
+    p.add_argument("--out", help=f"output folder; an existing one is continued (default: a new <fileroot>/bench-{name})")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
 
 
 def _from_args(cls, args):
-    """The benchmark's arguments dataclass from the parsed options it names, checked."""
-    return cls(**{k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__}).checked()
+    """The benchmark's arguments dataclass from the parsed options it names, checked where it can check itself."""
+    made = cls(**{k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__})
+    return made.checked() if hasattr(made, "checked") else made
 
 
 def _bench(args, argv: list[str]) -> int:
@@ -112,9 +134,12 @@ def _bench(args, argv: list[str]) -> int:
     if args.bench == "e2e":
         from a3po.bench import e2e
 
-        return e2e.main(e2e.E2EArgs(preset=args.preset, config=args.config, overrides=args.overrides, arms=args.arms,
-                                    seeds=args.seeds, out=args.out, keep_checkpoints=args.keep_checkpoints), argv)
-    raise ConfigError("a3po bench: choose step, rollout or e2e (a3po bench --help)")
+        return e2e.main(_from_args(e2e.E2EArgs, args), argv)
+    if args.bench == "staleness":
+        from a3po.bench import staleness
+
+        return staleness.main(_from_args(staleness.StalenessArgs, args), argv)
+    raise ConfigError("a3po bench: choose step, rollout, e2e or staleness (a3po bench --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 METHODS = ("recompute", "loglinear", "linear", "reuse")  # bench step's proximal methods
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics")  # bench e2e's arms, defined in e2e.py
+STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
 
 
 @dataclass
@@ -68,12 +69,42 @@ class RolloutBenchArgs:
 
 
 @dataclass
-class E2EArgs:
+class TrainBenchArgs:
+    """What every benchmark made of `a3po train` runs takes (bench/runs.py)."""
+
     preset: str | None = None
     config: str | None = None
     overrides: list[str] = field(default_factory=list)
-    arms: list[str] = field(default_factory=lambda: list(ARM_NAMES))
     seeds: int = 1
     out: str | None = None
     keep_checkpoints: bool = False
 
+
+@dataclass
+class E2EArgs(TrainBenchArgs):
+    arms: list[str] = field(default_factory=lambda: list(ARM_NAMES))
+
+
+@dataclass
+class StalenessArgs(TrainBenchArgs):
+    etas: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
+    minibatches: list[int] = field(default_factory=lambda: [1, 4])
+    arms: list[str] = field(default_factory=lambda: list(STALENESS_ARMS))
+    all_arms_at_eta0: bool = False  # default: eta = 0 runs only the coupled baseline
+
+    def checked(self) -> StalenessArgs:
+        """Self with --etas and --minibatches sorted and deduplicated, or a ConfigError naming
+        the first bad argument (the cells' configurations are checked by the benchmark)."""
+        from a3po.config import ConfigError
+
+        problems = [f"--{k} needs at least one value" for k in ("etas", "minibatches", "arms") if not getattr(self, k)]
+        problems += [f"--etas: {e} must be at least 0" for e in self.etas if e < 0]
+        problems += [f"--minibatches: {m} must be at least 1" for m in self.minibatches if m < 1]
+        problems += [f"--arms: unknown arm '{a}'; choose from {', '.join(STALENESS_ARMS)}"
+                     for a in self.arms if a not in STALENESS_ARMS]
+        problems += [f"--seeds {self.seeds}: must be at least 1"] if self.seeds < 1 else []
+        if problems:
+            raise ConfigError(problems[0])
+        self.etas, self.minibatches = sorted(set(self.etas)), sorted(set(self.minibatches))
+        self.arms = list(dict.fromkeys(self.arms))
+        return self

@@ -1,6 +1,6 @@
 """What the benchmarks share: progress lines, median and spread, the machine, report files and JSON output.
 
-Imported by `a3po bench step`, `rollout` and `e2e`; kept free of torch so that it stays cheap.
+Imported by every `a3po bench` command; kept free of torch so that it stays cheap.
 """
 
 from __future__ import annotations
@@ -83,6 +83,11 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
+
+
+def json_line(record: dict) -> str:
+    """One line of JSON (NaN/inf as null), for the last line of a benchmark's stdout."""
+    return json.dumps(_clean(record))
 
 
 def _clean(x):

@@ -1,4 +1,6 @@
-"""Tables and plots of `a3po bench e2e` from its per-run summaries (bench/e2e.py)."""
+"""Tables and plots of `a3po bench e2e` from its per-run summaries (bench/e2e.py), and the
+pieces `a3po bench staleness` (bench/staleness_report.py) formats its own tables with:
+mean and spread over seeds, a table cell, the approximation-error pooling, a saved figure."""
 
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ def approx_quality(runs: list[dict]) -> list[dict]:
     return out
 
 
-def _cell(stat: dict, fmt: str) -> str:
+def format_cell(stat: dict, fmt: str) -> str:
+    """mean, or mean (min..max) over several seeds; '-' where nothing was measured."""
     if stat["n"] == 0:
         return "-"
     text = fmt.format(stat["mean"])
@@ -111,7 +114,7 @@ def markdown(record: dict, bench_dir: Path) -> str:
         "|---|" + "---:|" * (len(COLUMNS) + 2),
     ]
     for row in table:
-        cells = [_cell(row[key], fmt) for key, _, fmt in COLUMNS]
+        cells = [format_cell(row[key], fmt) for key, _, fmt in COLUMNS]
         cells += [f"{row[k]:.2f}x" if row[k] else "-" for k in ("speedup_vs_sync", "speedup_vs_recompute")]
         lines.append(f"| {row['arm']} | " + " | ".join(cells) + " |")
     if approx:
@@ -152,13 +155,32 @@ def trailing_mean(xs: list[float], k: int) -> list[float]:
     return [statistics.fmean(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
 
 
-def plot(runs: list[dict], out: Path) -> list[str]:
-    """One PNG per plot; each arm's curve is its mean over seeds, the band its min..max."""
+def pyplot():
+    """matplotlib's pyplot drawing to files only (no display on a server)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, ax, path: Path, xlabel: str, ylabel: str, legend_outside: bool = False) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend_outside:  # right of the plot, where it hides no bar
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot().close(fig)
+
+
+def plot(runs: list[dict], out: Path) -> list[str]:
+    """One PNG per plot; each arm's curve is its mean over seeds, the band its min..max."""
+    plt = pyplot()
     by_arm = _by_arm(runs)
     if not by_arm:
         return []
@@ -176,12 +198,6 @@ def plot(runs: list[dict], out: Path) -> list[str]:
             line, = ax.plot(x, [statistics.fmean(y) for y in ys], marker="o", markersize=3, label=arm)
             if len(rs) > 1:
                 ax.fill_between(x, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.2)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / fname)
-        plt.close(fig)
+        save_figure(fig, ax, out / fname, xlabel, ylabel)
         names.append(fname)
     return names

@@ -1,0 +1,272 @@
+"""Benchmarks made of real training runs: what `a3po bench e2e` and `a3po bench staleness` share.
+
+A benchmark is a plan of runs, each a complete `a3po train` in its own process on a
+validated configuration; this module runs the plan, follows each run's progress from its
+metrics.jsonl, summarises the finished run from that file, writes the benchmark's results
+after every run (an interrupted benchmark keeps what it measured), and continues an earlier
+invocation on the same `--out` folder, skipping runs it already finished with the same
+configuration. Not run directly: `a3po bench e2e ...` or `a3po bench staleness ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from a3po.bench.args import TrainBenchArgs
+from a3po.bench.common import progress
+from a3po.config import Config, ConfigError, dump_yaml
+from a3po.train.run import unique_dir
+
+RESULTS = "results.json"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A named set of overrides; everything else is the same for every arm of a benchmark."""
+
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    key: str  # also the run's folder name under runs/
+    cfg: Config
+    fields: dict  # what identifies the run in the results (arm, seed, ...), copied into its record
+
+
+Summarizer = Callable[[list[dict], Config], dict]
+Writer = Callable[[Path, dict, list[dict], float], dict]  # (bench dir, header, runs, wall s) -> record
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """What differs between the benchmarks built on this module."""
+
+    name: str  # `a3po bench <name>`; the default output folder is <fileroot>/bench-<name>
+    plan: list[PlannedRun]
+    summarize: Summarizer  # one finished run's metrics.jsonl rows -> its summary
+    write: Writer
+    description: str  # shape of the plan, for the first progress line
+    key_of: Callable[[dict], str] = lambda r: r["key"]  # a stored run record's key (older files lack "key")
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def run_one(planned: PlannedRun, bench_dir: Path, label: str, summarize: Summarizer) -> dict:
+    """One `a3po train` in a child process; its step count is followed from metrics.jsonl."""
+    key, cfg = planned.key, planned.cfg
+    run_dir = bench_dir / "runs" / key
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # an unfinished earlier attempt
+    cfg.fileroot, cfg.experiment_name = str(bench_dir / "runs"), key
+    cfg_path = bench_dir / "configs" / f"{key}.yaml"
+    cfg_path.parent.mkdir(exist_ok=True)
+    cfg_path.write_text(dump_yaml(cfg))
+    log_path = bench_dir / "logs" / f"{key}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "a3po.cli", "train", "--config", str(cfg_path)]
+    t0 = time.perf_counter()
+    bar = tqdm(total=cfg.total_train_steps, desc=f"{label} {key}", unit="step", dynamic_ncols=True, file=sys.stderr)
+    with open(log_path, "w") as log:
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            while child.poll() is None:
+                time.sleep(1.0)
+                done = min(cfg.total_train_steps, _steps_done(run_dir))
+                if done != bar.n:
+                    bar.update(done - bar.n)
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
+            child.wait()
+            bar.close()
+            raise
+    bar.n = _steps_done(run_dir)
+    bar.close()
+    wall = time.perf_counter() - t0
+    head = {**planned.fields, "key": key}
+    if child.returncode != 0:
+        tail = [line for line in log_path.read_text().splitlines() if line.strip()][-1:]
+        return {**head, "ok": False, "returncode": child.returncode, "error": tail[0] if tail else "",
+                "log": str(log_path)}
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return {**head, "ok": True, "returncode": 0, "run_dir": str(run_dir), "log": str(log_path),
+            "process_wall_s": wall, **summarize(rows, cfg)}
+
+
+def _steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if '"stale/max"' in line)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def mean(xs) -> float:
+    """Mean of the values that are there: a metric a step did not log is not a zero."""
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def training_steps(rows: list[dict]) -> list[dict]:
+    """The rows of training steps (evaluation-only rows, such as step 0's, carry no staleness)."""
+    return [r for r in rows if "stale/max" in r]
+
+
+def summarize_run(rows: list[dict], cfg: Config | None = None) -> dict:
+    """The e2e table's columns and the plots' curves from one run's metrics.jsonl."""
+    steps = training_steps(rows)
+    evals = [r for r in rows if "eval/accuracy" in r]
+    col = lambda k: [r.get(k) for r in steps]
+    step_s = col("perf/step_s")
+    tail = steps[-min(4, len(steps)):]
+    clipped = [r["loss/clipped_frac"] * r["train/n_tokens"] for r in steps]
+    out = {
+        "steps": len(steps),
+        "train_wall_s": sum(step_s),
+        "prox_s_per_step": mean(col("perf/prox_logp_s")),
+        "train_s_per_step": mean(col("perf/train_s")),
+        "rollout_wait_s_per_step": mean(col("perf/rollout_wait_s")),
+        "reward_final": mean(r["rollout/reward_mean"] for r in tail),
+        "reward_mean": mean(col("rollout/reward_mean")),
+        "eval_initial": evals[0]["eval/accuracy"] if evals else math.nan,
+        "eval_final": evals[-1]["eval/accuracy"] if evals and evals[-1]["step"] == len(steps) else math.nan,
+        "ratio_max": max(col("loss/ratio_max"), default=math.nan),
+        "clipped_tokens_per_step": mean(clipped),
+        "capped_frac": mean(col("loss/behav_capped_frac")),
+        "stale_mean": mean(col("stale/mean")),
+        "stale_max": max(col("stale/max"), default=math.nan),
+        "curves": {
+            "step": col("step"),
+            "time_s": [sum(step_s[: i + 1]) for i in range(len(step_s))],
+            "reward": col("rollout/reward_mean"),
+            "clipped_tokens": clipped,
+            "ratio_max": col("loss/ratio_max"),
+        },
+    }
+    if steps and any(k.startswith("prox_err/") for k in steps[-1]):
+        out["prox_err_steps"] = [{k: v for k, v in r.items() if k.startswith("prox_err/")} for r in steps]
+    return out
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def run_benchmark(bench: Benchmark, args: TrainBenchArgs, argv: list[str]) -> tuple[dict, int]:
+    """Run every planned run not already finished in --out; (results record, exit status)."""
+    plan = bench.plan
+    if args.out:
+        bench_dir = Path(args.out)
+        bench_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        bench_dir = unique_dir(Path(plan[0].cfg.fileroot) / f"bench-{bench.name}")
+    header = {
+        "benchmark": bench.name, "command": shlex.join(["a3po", "bench", bench.name, *argv]),
+        "args": asdict(args), **machine(),
+        "configs": {p.key: yaml.safe_load(dump_yaml(p.cfg)) for p in plan},
+    }
+    # the run directories differ between runs by design: leave them out of the comparison
+    for c in header["configs"].values():
+        c.pop("fileroot"), c.pop("experiment_name")
+    done, earlier_s = _load_previous(bench_dir, header, bench.key_of)
+    finished = {bench.key_of(r) for r in done}
+    runs = list(done)
+    order = {p.key: i for i, p in enumerate(plan)}
+    name = f"bench {bench.name}"
+    progress(f"{name}: {len(plan)} runs ({bench.description}) in {bench_dir}"
+             + (f"; {len(finished)} already done" if finished else ""))
+    status = 0
+    t_start = time.perf_counter() - earlier_s  # the benchmark's wall time counts every invocation
+
+    def save() -> dict:
+        ordered = sorted(runs, key=lambda r: order[bench.key_of(r)])
+        return bench.write(bench_dir, header, ordered, time.perf_counter() - t_start)
+
+    try:
+        for i, planned in enumerate(plan):
+            if planned.key in finished:
+                continue
+            r = run_one(planned, bench_dir, f"[{i + 1}/{len(plan)}]", bench.summarize)
+            if r["ok"] and not args.keep_checkpoints:
+                shutil.rmtree(Path(r["run_dir"]) / "checkpoints", ignore_errors=True)
+            if not r["ok"]:
+                progress(f"{name}: {planned.key} failed (exit {r['returncode']}): {r['error']}  [log: {r['log']}]")
+                status = 1
+            runs.append(r)
+            save()
+    except KeyboardInterrupt:
+        progress(f"\n{name}: interrupted; the finished runs are kept in {bench_dir} (continue with --out {bench_dir})")
+        status = 130
+    record = save()
+    record["out"] = str(bench_dir)
+    return record, status
+
+
+def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str]) -> tuple[list[dict], float]:
+    """Finished runs of an earlier invocation on the same folder that this one would repeat
+    exactly (same key and configuration), and the time it spent; any other configuration
+    is refused, so that one table never mixes two."""
+    path = bench_dir / RESULTS
+    if not path.exists():
+        return [], 0.0
+    old = json.loads(path.read_text())
+    if old.get("benchmark", header["benchmark"]) != header["benchmark"]:
+        raise ConfigError(f"--out {bench_dir}: it holds a bench {old['benchmark']}, not a bench {header['benchmark']}; "
+                          "choose a new --out")
+    keep = []
+    for r in old.get("runs", []):
+        key = key_of(r)
+        if key not in header["configs"]:
+            continue  # a run this invocation does not ask for
+        if old["configs"].get(key) != header["configs"][key]:
+            raise ConfigError(f"--out {bench_dir}: its run {key} used a different configuration; "
+                              "choose a new --out (or delete it)")
+        if r.get("ok"):
+            keep.append(r)
+    return keep, old.get("wall_s") or 0.0
+
+
+def machine() -> dict:
+    """What the timings were measured on: CPU model, whether it computes bf16 natively, cores, torch."""
+    cpu_model, flags = "", ""
+    try:
+        out = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
+        cpu_model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+        flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if not cpu_model or not flags:
+        try:
+            info = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            info = ""
+        cpu_model = cpu_model or next(iter(re.findall(r"^model name\s*:\s*(.*)$", info, re.MULTILINE)), "unknown")
+        flags = flags or info
+    return {"cpu_model": cpu_model, "avx512_bf16": "avx512_bf16" in flags.split(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__}

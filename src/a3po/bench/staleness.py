@@ -1,0 +1,275 @@
+"""`a3po bench staleness`: how each way of handling stale data trains as the staleness bound grows.
+
+A grid of complete `a3po train` runs (bench/runs.py, shared with `a3po bench e2e`) over
+the staleness bound eta (`rollout.max_head_offpolicyness`, --etas), the optimizer steps
+per batch (`actor.ppo_n_minibatches`, --minibatches), the arms below and --seeds; every
+other key is the same for all runs (--preset, --config and key=value apply to each).
+
+    a3po bench staleness                                   # eta 0,2,4,8 x minibatches 1,4 x all arms
+    a3po bench staleness --preset tiny total_train_steps=4 --etas 0,2 --minibatches 1   # a quick look
+
+Arms:
+  coupled    actor.use_decoupled_loss=false: coupled asynchronous PPO/GRPO, the behaviour
+             policy stands in for the proximal one.
+  recompute  decoupled PPO with the proximal log-probs recomputed by a forward pass. It runs
+             as prox_logp_method=metrics, whose training is identical to recompute (the
+             recomputed log-probs are what trains) and which also logs every approximation's
+             error against them: the approximation-error table comes without an extra run.
+  loglinear  A-3PO: the proximal log-probs interpolated by staleness, no forward pass.
+  reuse      p = sg(theta): exact only with one gradient step per sample, so it runs at one
+             minibatch only; its cells at other minibatch counts are skipped and listed.
+
+At eta = 0 the pipeline is synchronous: every token is fresh, every decoupled arm's proximal
+policy equals the behaviour one, and its loss reduces to the coupled loss (up to the rounding
+between the rollout engine's and the trainer's log-probs). So eta = 0 runs only the coupled
+arm (whatever --arms says; --all-arms-at-eta0 runs them all): synchronous GRPO, the common
+point every arm's line starts from. Runs go seed by seed, then eta, then minibatch count,
+with the arms alternating innermost, so that drifting machine load falls on all arms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from a3po.bench.args import STALENESS_ARMS, StalenessArgs
+from a3po.bench.common import json_line, write_json
+from a3po.bench.report import approx_quality, mean_spread
+from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, mean, run_benchmark, summarize_run, training_steps
+from a3po.config import Config, ConfigError, load_config
+
+ARMS = {a.name: a for a in (
+    Arm("coupled", "coupled PPO/GRPO (the behaviour policy as proximal)", ("actor.use_decoupled_loss=false",)),
+    Arm("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)", ("actor.prox_logp_method=metrics",)),
+    Arm("loglinear", "A-3PO, loglinear interpolation", ("actor.prox_logp_method=loglinear",)),
+    Arm("reuse", "p = sg(theta), one minibatch only", ("actor.prox_logp_method=reuse",)),
+)}
+assert tuple(ARMS) == STALENESS_ARMS
+BASELINE = "coupled"
+STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (the pipeline filling up)
+REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there, the coupled baseline stands for it"
+REASON_REUSE = "reuse is exact only with one gradient step per sample (the configuration refuses it)"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid; its runs differ only in the seed."""
+
+    arm: str
+    eta: int
+    minibatches: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.arm}-eta{self.eta}-mb{self.minibatches}"
+
+    def overrides(self) -> list[str]:
+        return [*ARMS[self.arm].overrides, f"rollout.max_head_offpolicyness={self.eta}",
+                f"actor.ppo_n_minibatches={self.minibatches}"]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    cell: Cell
+    reason: str
+
+
+def grid(args: StalenessArgs) -> tuple[list[Cell], list[Skipped]]:
+    """The cells to run, in run order within one seed, and those left out with the reason."""
+    cells, skipped = [], []
+    for eta in args.etas:
+        for mb in args.minibatches:
+            for arm in _arms_at(eta, args):
+                cell = Cell(arm, eta, mb)
+                if eta == 0 and arm != BASELINE and not args.all_arms_at_eta0:
+                    skipped.append(Skipped(cell, REASON_ETA0))
+                elif arm == "reuse" and mb != 1:
+                    skipped.append(Skipped(cell, REASON_REUSE))
+                else:
+                    cells.append(cell)
+    return cells, skipped
+
+
+def _arms_at(eta: int, args: StalenessArgs) -> list[str]:
+    """The requested arms; at eta = 0 the coupled baseline comes first, requested or not."""
+    return [BASELINE, *(a for a in args.arms if a != BASELINE)] if eta == 0 else list(args.arms)
+
+
+def plan(args: StalenessArgs) -> tuple[list[PlannedRun], list[Skipped]]:
+    """Every run's configuration, validated before anything runs: a cell the configuration
+    refuses is named in a one-line ConfigError."""
+    cells, skipped = grid(args)
+    if not cells:
+        raise ConfigError(f"nothing to run: every requested cell is skipped; {skipped[0].reason}")
+    base = load_config(args.config, args.overrides, preset=args.preset)
+    runs = []
+    for seed in range(base.seed, base.seed + args.seeds):
+        for cell in cells:
+            extra = [*cell.overrides(), f"seed={seed}", f"evaluator.freq_steps={base.total_train_steps}"]
+            try:
+                cfg = load_config(args.config, [*args.overrides, *extra], preset=args.preset)
+            except ConfigError as e:
+                raise ConfigError(f"cell '{cell.key}' ({' '.join(cell.overrides())}): {e}") from None
+            fields = {"arm": cell.arm, "eta": cell.eta, "minibatches": cell.minibatches, "seed": seed}
+            runs.append(PlannedRun(f"{cell.key}-seed{seed}", cfg, fields))
+    return runs, skipped
+
+
+# ----------------------------------------------------------------------------- one run's numbers
+
+
+def summarize(rows: list[dict], cfg: Config) -> dict:
+    """e2e's summary plus what the staleness study adds (metrics a run did not log are NaN/None)."""
+    steps = training_steps(rows)
+    eta = cfg.rollout.max_head_offpolicyness
+    col = lambda k: [r.get(k) for r in steps]
+    return {
+        **summarize_run(rows),
+        "stale_dist": stale_distribution(steps, eta),
+        "stale_mean_all": token_weighted_mean(steps, "stale/mean"),
+        "stale_mean_steady": token_weighted_mean(steady_steps(steps, eta), "stale/mean"),
+        "step_s": mean(col("perf/step_s")),
+        "clipped_frac": mean(col("loss/clipped_frac")),
+        "idle_frac": mean(col("rollout/idle_frac")),
+        "groups_ahead": mean(col("rollout/groups_ahead")),
+        "mismatch_k3": mean(col("mismatch/k3")),
+        "mismatch_abs_mean": mean(col("mismatch/abs_mean")),
+    }
+
+
+def steady_steps(steps: list[dict], eta: int) -> list[dict]:
+    """The steps after the first eta + 2: before them the pipeline is still filling up and
+    staleness cannot yet reach its steady level."""
+    return [r for r in steps if r["step"] > eta + STEADY_AFTER]
+
+
+def token_weighted_mean(steps: list[dict], key: str) -> float:
+    """Mean of a per-step mean over the steps that logged it, weighted by the step's tokens
+    (so that the mean staleness equals sum(d * share_d) of the pooled distribution)."""
+    pairs = [(r.get("train/n_tokens", 1.0), r[key]) for r in steps if r.get(key) is not None]
+    total = sum(w for w, _ in pairs)
+    return sum(w * x for w, x in pairs) / total if total else math.nan
+
+
+def stale_distribution(steps: list[dict], eta: int) -> list[float] | None:
+    """Share of the run's tokens at each staleness d = 0..eta, pooled over steps by their
+    token count; None when no step logged `stale/frac_d<k>`. A share above eta (a broken
+    bound) is kept, so that it shows."""
+    logged = [r for r in steps if any(k.startswith("stale/frac_d") for k in r)]
+    if not logged:
+        return None
+    top = max(eta, *(int(k[len("stale/frac_d"):]) for r in logged for k in r if k.startswith("stale/frac_d")))
+    weights = [r.get("train/n_tokens", 1.0) for r in logged]
+    total = sum(weights)
+    if not total:
+        return None
+    return [sum(w * r.get(f"stale/frac_d{d}", 0.0) for w, r in zip(weights, logged)) / total for d in range(top + 1)]
+
+
+# ----------------------------------------------------------------------------- the tables
+
+
+SCALARS = ("train_wall_s", "step_s", "eval_initial", "eval_final", "reward_final", "clipped_frac", "capped_frac",
+           "idle_frac", "mismatch_k3", "mismatch_abs_mean", "stale_mean_all", "stale_mean_steady", "stale_max",
+           "groups_ahead")
+
+
+def cell_of(run: dict) -> Cell:
+    return Cell(run["arm"], run["eta"], run["minibatches"])
+
+
+def by_cell(runs: list[dict]) -> dict[Cell, list[dict]]:
+    """The finished runs of each cell, cells in the order of their first run."""
+    out: dict[Cell, list[dict]] = {}
+    for r in runs:
+        if r.get("ok"):
+            out.setdefault(cell_of(r), []).append(r)
+    return out
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One row per cell: each number's mean and min..max over seeds."""
+    rows = []
+    for cell, rs in by_cell(runs).items():
+        row = {"cell": cell.key, "arm": cell.arm, "eta": cell.eta, "minibatches": cell.minibatches,
+               "seeds": sorted(r["seed"] for r in rs)}
+        row.update({k: mean_spread([r.get(k) for r in rs]) for k in SCALARS})
+        row["stale_dist"] = dist_spread([r.get("stale_dist") for r in rs])
+        rows.append(row)
+    return rows
+
+
+def dist_spread(dists: list[list[float] | None]) -> list[dict] | None:
+    """Mean and min..max over seeds of each staleness share (shorter distributions: 0 beyond)."""
+    dists = [d for d in dists if d]
+    if not dists:
+        return None
+    n = max(len(d) for d in dists)
+    return [mean_spread([d[k] if k < len(d) else 0.0 for d in dists]) for k in range(n)]
+
+
+def approx_tables(runs: list[dict]) -> list[dict]:
+    """For each recompute cell: every approximation's error against the recomputed proximal
+    log-probs, pooled over steps and seeds by tokens, one row for every d = 0..eta."""
+    return [{"cell": cell.key, "eta": cell.eta, "minibatches": cell.minibatches,
+             "rows": every_d_rows(approx_quality(rs), cell.eta)}
+            for cell, rs in by_cell(runs).items() if cell.arm == "recompute"]
+
+
+def every_d_rows(rows: list[dict], eta: int) -> list[dict]:
+    """approx_quality's rows with one for every d = 0..eta (and any beyond), a d that had no
+    token getting a row of 0 tokens; the pooled 'all' row last."""
+    have = {r["staleness"]: r for r in rows}
+    top = max([eta, *(int(g[1:]) for g in have if g != "all")])
+    out = [have.get(f"d{d}", {"staleness": f"d{d}", "tokens": 0}) for d in range(top + 1)]
+    return out + ([have["all"]] if "all" in have else [])
+
+
+# ----------------------------------------------------------------------------- running it
+
+
+def run(args: StalenessArgs, argv: list[str]) -> tuple[dict, int]:
+    planned, skipped = plan(args)
+    n_cells = len({(p.fields["arm"], p.fields["eta"], p.fields["minibatches"]) for p in planned})
+
+    def write(bench_dir: Path, header: dict, runs: list[dict], wall_s: float) -> dict:
+        return write_results(bench_dir, {**header, "skipped": [_skip_record(s) for s in skipped]}, runs, wall_s)
+
+    bench = Benchmark(name="staleness", plan=planned, summarize=summarize, write=write,
+                      description=f"{n_cells} cells x {args.seeds} seed(s)")
+    return run_benchmark(bench, args, argv)
+
+
+def _skip_record(s: Skipped) -> dict:
+    return {"cell": s.cell.key, "arm": s.cell.arm, "eta": s.cell.eta, "minibatches": s.cell.minibatches,
+            "reason": s.reason}
+
+
+def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float) -> dict:
+    from a3po.bench.staleness_report import markdown, plot
+
+    record = {**header, "wall_s": wall_s, "runs": runs, "table": aggregate(runs), "approx": approx_tables(runs)}
+    record["plots"] = plot(record["table"], bench_dir / "plots")
+    write_json(bench_dir / RESULTS, record)
+    (bench_dir / "results.md").write_text(markdown(record))
+    return record
+
+
+def summary_line(record: dict) -> str:
+    """The last line of stdout: the key numbers of every cell (means over seeds) as JSON."""
+    pick = ("eval_initial", "eval_final", "stale_mean_all", "stale_mean_steady", "stale_max", "train_wall_s",
+            "step_s", "clipped_frac", "capped_frac", "idle_frac", "mismatch_k3")
+    cells = {row["cell"]: {"arm": row["arm"], "eta": row["eta"], "minibatches": row["minibatches"],
+                           "seeds": len(row["seeds"]), **{k: row[k]["mean"] for k in pick}}
+             for row in record["table"]}
+    failed = [r["key"] for r in record["runs"] if not r.get("ok")]
+    return json_line({"benchmark": "staleness", "out": record["out"], "wall_s": record["wall_s"], "cells": cells,
+                      "skipped": [s["cell"] for s in record["skipped"]], "failed": failed})
+
+
+def main(args: StalenessArgs, argv: list[str]) -> int:
+    record, status = run(args, argv)
+    print((Path(record["out"]) / "results.md").read_text())
+    print(summary_line(record))
+    return status

@@ -1,0 +1,231 @@
+"""results.md and the plots of `a3po bench staleness` (bench/staleness.py), from its cell table.
+
+Written after every finished run by `a3po bench staleness`; not run directly. The cells'
+arithmetic (pooling, means over seeds) lives in staleness.py, only layout lives here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, save_figure
+from a3po.bench.staleness import BASELINE, REASON_ETA0, STEADY_AFTER
+
+# (key in a cell row, column title, format)
+TRAINING = (
+    ("train_wall_s", "wall time (s)", "{:.1f}"),
+    ("step_s", "s/step", "{:.2f}"),
+    ("eval_initial", "held-out acc, start", "{:.3f}"),
+    ("eval_final", "held-out acc, end", "{:.3f}"),
+    ("reward_final", "final reward", "{:.3f}"),
+    ("clipped_frac", "clipped frac", "{:.4f}"),
+    ("capped_frac", "capped frac", "{:.4f}"),
+    ("idle_frac", "rollout idle frac", "{:.2f}"),
+    ("mismatch_k3", "mismatch k3", "{:.1e}"),
+    ("mismatch_abs_mean", "mismatch mean abs", "{:.1e}"),
+)
+STALENESS = (
+    ("stale_mean_all", "mean d", "{:.2f}"),
+    ("stale_mean_steady", "steady-state mean d", "{:.2f}"),
+    ("stale_max", "max d", "{:.0f}"),
+)
+SHARE = "{:.0%}"
+
+
+def markdown(record: dict) -> str:
+    table = record["table"]
+    lines = _header(record) + ["", "## Training", "", *_table(table, TRAINING), "", *_training_notes()]
+    lines += ["", "## Consumed staleness", "", *_staleness_table(table, record["args"]["etas"]), "",
+              *_staleness_notes()]
+    if record["approx"]:
+        lines += ["", "## Proximal approximation error (recompute cells)", "", *_approx_notes()]
+        for t in record["approx"]:
+            lines += ["", f"### eta = {t['eta']}, {t['minibatches']} minibatch(es)", "", *_approx_table(t["rows"])]
+    if record.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{name}](plots/{name})" for name in record["plots"]]
+    failed = [r for r in record["runs"] if not r.get("ok")]
+    if failed:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- {r['key']}: exit {r['returncode']}: {r['error']} (log: {r['log']})" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _header(record: dict) -> list[str]:
+    args = record["args"]
+    cfg = next(iter(record["configs"].values()))
+    a, g, d = cfg["actor"], cfg["gconfig"], cfg["train_dataset"]
+    bf16 = "with" if record["avx512_bf16"] else "without"
+    lines = [
+        "# a3po bench staleness",
+        "",
+        f"Command: `{record['command']}`",
+        "",
+        (f"Machine: {record['cpu_model']} ({bf16} AVX512-BF16), {record['cpu_count']} CPUs, torch {record['torch']}; "
+         f"benchmark wall time {record['wall_s'] / 60:.1f} min."),
+        "",
+        f"Model `{a['path']}`, task `{d['task']}`, {cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
+        f"{g['n_samples']} samples; eta (`rollout.max_head_offpolicyness`) {_csv(args['etas'])}, "
+        f"minibatches (`actor.ppo_n_minibatches`) {_csv(args['minibatches'])}, arms {', '.join(args['arms'])}; "
+        f"{args['seeds']} seed(s)" + (" (cells: mean (min..max) over seeds)" if args["seeds"] > 1 else "") + ".",
+        "",
+        ("Arms: `coupled` = coupled PPO/GRPO (`actor.use_decoupled_loss=false`); `recompute` = decoupled PPO with the "
+         "proximal log-probs recomputed, run as `prox_logp_method=metrics`: it trains exactly like recompute (the "
+         "recomputed log-probs are what trains) and also logs every approximation's error against them, which gives "
+         "the approximation-error table below (its time includes that logging); `loglinear` = A-3PO; `reuse` = "
+         "p = sg(theta)."),
+        "",
+        f"At eta = 0 only the `{BASELINE}` arm runs" + (" by default" if not args["all_arms_at_eta0"] else "")
+        + ": the pipeline is synchronous, every decoupled arm's proximal policy equals the behaviour one and its loss "
+        "reduces to the coupled loss, so this synchronous GRPO run is the shared baseline every arm's line starts "
+        "from (in the plots too).",
+    ]
+    skipped = [s for s in record["skipped"] if s["reason"] != REASON_ETA0]
+    if skipped:
+        lines += ["", "Skipped cells: " + ", ".join(f"`{s['cell']}`" for s in skipped) + f" ({skipped[0]['reason']})."]
+    return lines
+
+
+def _csv(xs: list) -> str:
+    return ", ".join(map(str, xs))
+
+
+def _cell_columns(row: dict) -> list[str]:
+    return [row["arm"], str(row["eta"]), str(row["minibatches"])]
+
+
+def _table(table: list[dict], columns: tuple) -> list[str]:
+    out = ["| arm | eta | minibatches | " + " | ".join(title for _, title, _ in columns) + " |",
+           "|---|---:|---:|" + "---:|" * len(columns)]
+    for row in table:
+        out.append("| " + " | ".join(_cell_columns(row) + [format_cell(row[k], fmt) for k, _, fmt in columns]) + " |")
+    return out
+
+
+def _training_notes() -> list[str]:
+    return [
+        ("Wall time: the training loop's (sum of `perf/step_s`), without start-up and evaluation; s/step its mean. "
+         "Held-out accuracy: greedy, at step 0 and after the last step. Final reward: mean task reward of the last "
+         "4 steps. Clipped / capped frac: mean over steps of `loss/clipped_frac` (trust-region clip won) and "
+         "`loss/behav_capped_frac` (behaviour weight above its cap). Rollout idle frac: mean of `rollout/idle_frac` "
+         "(workers waiting for admission or weights). Mismatch: mean of `mismatch/k3` and `mismatch/abs_mean` over the "
+         "steps that logged them, the trainer's log-probs against the rollout engine's on tokens of staleness 0 "
+         "(same weights, so only numerics differ). '-': not logged by this training loop."),
+    ]
+
+
+def _staleness_table(table: list[dict], etas: list[int]) -> list[str]:
+    top = max([max(etas), *(len(row["stale_dist"]) - 1 for row in table if row["stale_dist"])])
+    lines = _table(table, STALENESS)
+    lines[0] += "".join(f" d={d} |" for d in range(top + 1))
+    lines[1] += "---:|" * (top + 1)
+    for i, row in enumerate(table):
+        dist = row["stale_dist"]
+        shares = [format_cell(dist[d], SHARE) if dist and d < len(dist) else "-" if d <= row["eta"] else ""
+                  for d in range(top + 1)]
+        lines[i + 2] += "".join(f" {s} |" for s in shares)
+    return lines
+
+
+def _staleness_notes() -> list[str]:
+    return [
+        ("Consumed staleness d = trainer version - the version that generated the token, over the tokens each step "
+         "trained on. Mean d: over all steps, weighted by the step's tokens (`train/n_tokens`); steady state: over the "
+         f"steps after the first eta + {STEADY_AFTER}, once the pipeline has filled. d=k: share of tokens at "
+         "staleness k (`stale/frac_d<k>`), pooled over steps by token count; '-' where the run did not log it."),
+    ]
+
+
+def _approx_notes() -> list[str]:
+    return [
+        ("Error of each approximation p_hat against the recomputed proximal log-probs p, pooled over steps and seeds "
+         "by tokens, for every staleness d = 0..eta ('-': no token had that staleness). abs = mean |p_hat - p|, "
+         "rel = mean |exp(p_hat - p) - 1|; `behav` is p_hat = b, what the coupled loss uses."),
+    ]
+
+
+def _approx_table(rows: list[dict]) -> list[str]:
+    kinds = ("abs", "rel")
+    out = ["| staleness d | tokens | " + " | ".join(f"{n} {k}" for n in APPROXIMATIONS for k in kinds) + " |",
+           "|---|---:|" + "---:|" * (len(APPROXIMATIONS) * len(kinds))]
+    for row in rows:
+        vals = [_err(row, f"{n}/{k}") for n in APPROXIMATIONS for k in kinds]
+        out.append(f"| {row['staleness'].lstrip('d')} | {row['tokens']} | " + " | ".join(vals) + " |")
+    return out
+
+
+def _err(row: dict, key: str) -> str:
+    v = row.get(key)
+    return "-" if not row["tokens"] or v is None or math.isnan(v) else f"{v:.2e}"
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+PLOTS = (  # file, cell-row key, y label
+    ("accuracy_vs_eta.png", "eval_final", "held-out accuracy after the last step"),
+    ("clipped_frac_vs_eta.png", "clipped_frac", "clipped fraction (mean over steps)"),
+)
+
+
+def lines_by_eta(table: list[dict]) -> dict[str, list[dict]]:
+    """Each plotted line: one per arm and minibatch count, its cells in eta order, starting
+    from the coupled eta = 0 cell of its minibatch count when the arm has no eta = 0 cell of
+    its own (the shared synchronous baseline)."""
+    cells = {(r["arm"], r["eta"], r["minibatches"]): r for r in table}
+    several_mb = len({r["minibatches"] for r in table}) > 1
+    out: dict[str, list[dict]] = {}
+    for arm, mb in dict.fromkeys((r["arm"], r["minibatches"]) for r in table):
+        own = sorted((r for r in table if (r["arm"], r["minibatches"]) == (arm, mb)), key=lambda r: r["eta"])
+        start = cells.get((BASELINE, 0, mb))
+        if start is not None and own[0]["eta"] > 0:
+            own = [start, *own]
+        out[f"{arm} mb{mb}" if several_mb else arm] = own
+    return out
+
+
+def plot(table: list[dict], out: Path) -> list[str]:
+    """The PNGs against eta (mean over seeds, band min..max), and the staleness distribution."""
+    if not table:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
+    lines = lines_by_eta(table)
+    etas = sorted({r["eta"] for r in table})
+    names = []
+    for fname, key, ylabel in PLOTS:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        for label, rows in lines.items():
+            rows = [r for r in rows if r[key]["n"]]
+            if not rows:
+                continue
+            x = [r["eta"] for r in rows]
+            line, = ax.plot(x, [r[key]["mean"] for r in rows], marker="o", markersize=4, label=label,
+                            linestyle="--" if " mb" in label and not label.endswith(" mb1") else "-")
+            if any(r[key]["n"] > 1 for r in rows):
+                ax.fill_between(x, [r[key]["min"] for r in rows], [r[key]["max"] for r in rows],
+                                color=line.get_color(), alpha=0.2)
+        ax.set_xticks(etas)
+        save_figure(fig, ax, out / fname, "staleness bound eta (rollout.max_head_offpolicyness)", ylabel)
+        names.append(fname)
+    if any(r["stale_dist"] for r in table):
+        _plot_distribution(plt, table, out / "staleness_distribution.png")
+        names.append("staleness_distribution.png")
+    return names
+
+
+def _plot_distribution(plt, table: list[dict], path: Path) -> None:
+    """One stacked bar per cell (grouped by eta): the share of tokens at each staleness d."""
+    rows = sorted((r for r in table if r["stale_dist"]), key=lambda r: r["eta"])
+    top = max(len(r["stale_dist"]) for r in rows)
+    several_mb = len({r["minibatches"] for r in table}) > 1
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.5 * len(rows) + 2), 4.4), dpi=100)
+    colors = plt.get_cmap("viridis")([d / max(1, top - 1) for d in range(top)])
+    bottom = [0.0] * len(rows)
+    for d in range(top):
+        share = [r["stale_dist"][d]["mean"] if d < len(r["stale_dist"]) else 0.0 for r in rows]
+        ax.bar(range(len(rows)), share, bottom=bottom, color=colors[d], label=f"d={d}")
+        bottom = [b + s for b, s in zip(bottom, share)]
+    labels = [f"eta {r['eta']}\n{r['arm']}" + (f" mb{r['minibatches']}" if several_mb else "") for r in rows]
+    ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=90)
+    save_figure(fig, ax, path, "cell", "share of trained tokens", legend_outside=True)

@@ -1,0 +1,353 @@
+"""`a3po bench staleness`: the fast CI variant on the tiny model, run as a user runs it (a real
+subprocess making real training runs), and the table arithmetic on hand-made run summaries.
+
+    PYTHONPATH=$PWD/src pytest tests/test_bench_staleness.py          # ~2 min on 2 cores
+    PYTHONPATH=$PWD/src pytest tests/test_bench_staleness.py -m "not slow"   # arithmetic only, seconds
+
+Proves: every planned cell trained the requested steps with the keys its arm, eta and
+minibatch count name, and never consumed data staler than its eta; the outputs (markdown,
+JSON, plots, per-run folders) have the documented structure and the JSON summary is the
+last line of stdout; a finished benchmark is continued without rerunning anything; a cell
+the configuration refuses stops everything before any run. The arithmetic: the staleness
+distribution pooled by tokens, steady state, the skip rules, one approximation-error row
+for every d, means and spreads over seeds, the plotted lines.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from a3po.bench.args import StalenessArgs
+from a3po.bench.staleness import (
+    REASON_ETA0,
+    REASON_REUSE,
+    Cell,
+    aggregate,
+    approx_tables,
+    every_d_rows,
+    grid,
+    plan,
+    stale_distribution,
+    steady_steps,
+    summarize,
+    token_weighted_mean,
+)
+from a3po.bench.staleness_report import _approx_table, _staleness_table, lines_by_eta, markdown, plot
+from a3po.config import ConfigError, load_config
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TINY = ["--preset", "tiny", "total_train_steps=4", "gconfig.max_new_tokens=8", "logging.tensorboard=false",
+        "train_dataset.size=200"]
+GRID = ["--etas", "0,2", "--minibatches", "1", "--out", "b"]
+KEYS = ["coupled-eta0-mb1-seed1", "coupled-eta2-mb1-seed1", "recompute-eta2-mb1-seed1", "loglinear-eta2-mb1-seed1",
+        "reuse-eta2-mb1-seed1"]
+
+
+def a3po(*args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "a3po.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+# ----------------------------------------------------------------------------- the fast CI variant
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("staleness")
+    res = a3po("bench", "staleness", *TINY, *GRID, cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = cwd / "b"
+    return res, cwd, out, json.loads((out / "results.json").read_text())
+
+
+def _metrics(run: dict, cwd: Path) -> list[dict]:
+    path = cwd / run["run_dir"] / "metrics.jsonl"  # relative to where the benchmark ran, like --out
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_every_cell_trains_its_steps_within_its_eta(bench):
+    _, cwd, _, rec = bench
+    runs = {r["key"]: r for r in rec["runs"]}
+    assert list(runs) == KEYS  # eta 0: the coupled baseline only; then the arms alternate
+    for key, r in runs.items():
+        assert r["ok"] and r["steps"] == 4, key
+        steps = [m for m in _metrics(r, cwd) if "stale/max" in m]
+        assert [m["step"] for m in steps] == [1, 2, 3, 4], key
+        assert max(m["stale/max"] for m in steps) <= r["eta"] and r["stale_max"] <= r["eta"], key
+        assert 0 <= r["eval_initial"] <= 1 and 0 <= r["eval_final"] <= 1 and r["train_wall_s"] > 0
+        assert 0 <= r["clipped_frac"] <= 1 and r["step_s"] > 0
+        assert not (cwd / r["run_dir"] / "checkpoints").exists()
+    assert runs["coupled-eta0-mb1-seed1"]["stale_max"] == 0
+    cfgs = rec["configs"]
+    assert cfgs["coupled-eta0-mb1-seed1"]["actor"]["use_decoupled_loss"] is False
+    assert cfgs["coupled-eta0-mb1-seed1"]["rollout"]["max_head_offpolicyness"] == 0
+    assert cfgs["recompute-eta2-mb1-seed1"]["actor"]["prox_logp_method"] == "metrics"
+    assert cfgs["loglinear-eta2-mb1-seed1"]["actor"]["prox_logp_method"] == "loglinear"
+    assert cfgs["reuse-eta2-mb1-seed1"]["actor"]["prox_logp_method"] == "reuse"
+    assert all(c["rollout"]["max_head_offpolicyness"] == 2 for k, c in cfgs.items() if "-eta2-" in k)
+    assert all(c["total_train_steps"] == 4 and c["evaluator"]["freq_steps"] == 4 and c["seed"] == 1
+               for c in cfgs.values())
+
+
+@pytest.mark.slow
+def test_max_staleness_reaches_eta_with_the_deep_pipeline(bench):
+    # needs the deep pipeline: only a pipeline that keeps eta batches in flight reaches the
+    # bound; it also logs stale/frac_d<k>, which tells it apart from the shallow one
+    _, cwd, _, rec = bench
+    runs = [r for r in rec["runs"] if r["eta"] > 0]
+    if not any("stale/frac_d0" in m for r in runs for m in _metrics(r, cwd)):
+        pytest.skip("needs the deep pipeline: the runs' metrics lack stale/frac_d0")
+    for r in runs:
+        assert r["stale_max"] == r["eta"], r["key"]  # needs the deep pipeline
+        assert len(r["stale_dist"]) == r["eta"] + 1 and sum(r["stale_dist"]) == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_writes_tables_json_plots_and_a_json_last_line(bench):
+    res, _, out, rec = bench
+    for key in ("benchmark", "command", "args", "configs", "runs", "table", "approx", "skipped", "plots", "wall_s",
+                "cpu_model", "avx512_bf16", "cpu_count", "torch"):
+        assert key in rec, key
+    assert rec["benchmark"] == "staleness" and rec["args"]["etas"] == [0, 2]
+    table = {row["cell"]: row for row in rec["table"]}
+    assert list(table) == [k.removesuffix("-seed1") for k in KEYS]
+    assert table["loglinear-eta2-mb1"]["eval_final"]["n"] == 1 and table["loglinear-eta2-mb1"]["seeds"] == [1]
+    assert {s["cell"] for s in rec["skipped"]} == {"recompute-eta0-mb1", "loglinear-eta0-mb1", "reuse-eta0-mb1"}
+    # the approximation errors of the recompute (metrics) cell: a row for every d = 0..eta
+    (approx,) = rec["approx"]
+    assert approx["cell"] == "recompute-eta2-mb1"
+    assert [row["staleness"] for row in approx["rows"]] == ["d0", "d1", "d2", "all"]
+    assert approx["rows"][-1]["tokens"] == sum(row["tokens"] for row in approx["rows"][:-1]) > 0
+    for sub in ("configs", "logs"):
+        assert sorted(p.name for p in (out / sub).iterdir()) == sorted(f"{k}.{'yaml' if sub == 'configs' else 'log'}"
+                                                                       for k in KEYS)
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(KEYS)
+    assert rec["plots"][:2] == ["accuracy_vs_eta.png", "clipped_frac_vs_eta.png"]
+    for name in rec["plots"]:
+        data = (out / "plots" / name).read_bytes()
+        assert data[:8] == PNG and len(data) > 5000, name
+    md = (out / "results.md").read_text()
+    for part in ("# a3po bench staleness", "Command: `a3po bench staleness --preset tiny", "## Training",
+                 "## Consumed staleness", "## Proximal approximation error", "### eta = 2, 1 minibatch",
+                 "| loglinear | 2 | 1 |", "prox_logp_method=metrics", "](plots/accuracy_vs_eta.png)", "torch "):
+        assert part in md, part
+    *printed, last = res.stdout.rstrip("\n").split("\n")
+    assert "\n".join(printed).rstrip("\n") + "\n" == md
+    summary = json.loads(last)
+    assert summary["benchmark"] == "staleness" and summary["out"] == "b" and summary["failed"] == []
+    assert list(summary["cells"]) == list(table)
+    assert summary["cells"]["coupled-eta0-mb1"]["stale_max"] == 0 and summary["cells"]["reuse-eta2-mb1"]["eta"] == 2
+
+
+@pytest.mark.slow
+def test_a_finished_benchmark_is_continued_without_running_again(bench):
+    _, cwd, out, rec = bench
+    res = a3po("bench", "staleness", *TINY, *GRID, cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "5 already done" in res.stderr and "[1/5]" not in res.stderr
+    again = json.loads((out / "results.json").read_text())
+    assert again["runs"] == rec["runs"] and again["wall_s"] >= rec["wall_s"]
+
+
+def test_a_cell_the_configuration_refuses_stops_everything_before_running(tmp_path):
+    # a behaviour-weight cap means nothing to the coupled loss: the baseline cell refuses it
+    res = a3po("bench", "staleness", *TINY, "actor.behav_imp_weight_cap=3", "--etas", "0,2", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.count("\n") == 1 and "cell 'coupled-eta0-mb1'" in res.stderr
+    assert not (tmp_path / "runs").exists()
+    res = a3po("bench", "staleness", *TINY, "--etas", "2", "--minibatches", "0", cwd=tmp_path)
+    assert res.returncode == 2 and "--minibatches: 0 must be at least 1" in res.stderr
+
+
+# ----------------------------------------------------------------------------- the skip rules
+
+
+def test_grid_runs_the_coupled_baseline_at_eta0_and_reuse_at_one_minibatch_only():
+    cells, skipped = grid(StalenessArgs(etas=[0, 4], minibatches=[1, 4]).checked())
+    assert [c.key for c in cells] == [
+        "coupled-eta0-mb1", "coupled-eta0-mb4",
+        "coupled-eta4-mb1", "recompute-eta4-mb1", "loglinear-eta4-mb1", "reuse-eta4-mb1",
+        "coupled-eta4-mb4", "recompute-eta4-mb4", "loglinear-eta4-mb4"]
+    reasons = {s.cell.key: s.reason for s in skipped}
+    assert reasons == {**{f"{a}-eta0-mb{m}": REASON_ETA0 for a in ("recompute", "loglinear", "reuse") for m in (1, 4)},
+                       "reuse-eta4-mb4": REASON_REUSE}
+    # the baseline runs even when --arms leaves coupled out; --all-arms-at-eta0 runs every arm there
+    cells, _ = grid(StalenessArgs(etas=[0, 2], minibatches=[1], arms=["loglinear"]).checked())
+    assert [c.key for c in cells] == ["coupled-eta0-mb1", "loglinear-eta2-mb1"]
+    cells, skipped = grid(StalenessArgs(etas=[0], minibatches=[4], arms=["loglinear", "reuse"],
+                                        all_arms_at_eta0=True).checked())
+    assert [c.key for c in cells] == ["coupled-eta0-mb4", "loglinear-eta0-mb4"]
+    assert [(s.cell.key, s.reason) for s in skipped] == [("reuse-eta0-mb4", REASON_REUSE)]
+
+
+def test_plan_orders_seeds_outermost_and_names_a_refused_cell():
+    args = StalenessArgs(preset="tiny", etas=[2, 0], minibatches=[1], arms=["loglinear", "coupled"], seeds=2).checked()
+    runs, _ = plan(args)
+    assert [p.key for p in runs] == ["coupled-eta0-mb1-seed1", "loglinear-eta2-mb1-seed1", "coupled-eta2-mb1-seed1",
+                                     "coupled-eta0-mb1-seed2", "loglinear-eta2-mb1-seed2", "coupled-eta2-mb1-seed2"]
+    p = runs[4]
+    assert p.fields == {"arm": "loglinear", "eta": 2, "minibatches": 1, "seed": 2}
+    assert (p.cfg.seed, p.cfg.rollout.max_head_offpolicyness, p.cfg.actor.prox_logp_method) == (2, 2, "loglinear")
+    assert p.cfg.evaluator.freq_steps == p.cfg.total_train_steps
+    with pytest.raises(ConfigError, match="cell 'coupled-eta0-mb1'"):
+        plan(StalenessArgs(preset="tiny", overrides=["actor.m2_threshold=1.0"], etas=[0]).checked())
+    with pytest.raises(ConfigError, match="nothing to run"):
+        plan(StalenessArgs(preset="tiny", etas=[2], minibatches=[4], arms=["reuse"]).checked())
+
+
+def test_args_are_sorted_deduplicated_and_refused_in_one_line():
+    a = StalenessArgs(etas=[4, 0, 4], minibatches=[4, 1], arms=["reuse", "coupled", "reuse"]).checked()
+    assert (a.etas, a.minibatches, a.arms) == ([0, 4], [1, 4], ["reuse", "coupled"])
+    for bad, msg in (({"etas": [-1]}, "--etas: -1"), ({"arms": ["linear"]}, "unknown arm 'linear'"),
+                     ({"seeds": 0}, "--seeds 0"), ({"minibatches": []}, "--minibatches needs")):
+        with pytest.raises(ConfigError, match=msg):
+            StalenessArgs(**bad).checked()
+
+
+# ----------------------------------------------------------------------------- one run's numbers
+
+
+def _step(k, n_tokens=100.0, **extra):
+    return {"step": k, "stale/max": 1.0, "stale/mean": 0.5, "train/n_tokens": n_tokens, "perf/step_s": 2.0,
+            "perf/prox_logp_s": 0.0, "perf/train_s": 1.0, "perf/rollout_wait_s": 0.1, "rollout/reward_mean": 0.5,
+            "loss/ratio_max": 1.1, "loss/clipped_frac": 0.1, "loss/behav_capped_frac": 0.0, **extra}
+
+
+def test_stale_distribution_pools_steps_by_tokens():
+    steps = [_step(1, 100.0, **{"stale/frac_d0": 1.0, "stale/frac_d1": 0.0, "stale/frac_d2": 0.0}),
+             _step(2, 300.0, **{"stale/frac_d0": 0.2, "stale/frac_d1": 0.5, "stale/frac_d2": 0.3})]
+    assert stale_distribution(steps, 2) == pytest.approx([(100 + 60) / 400, 150 / 400, 90 / 400])
+    # a step that logged only some d counts 0 for the others; eta beyond the logged d gives 0 shares
+    assert stale_distribution([_step(1, 10.0, **{"stale/frac_d0": 1.0})], 2) == [1.0, 0.0, 0.0]
+    # a share beyond eta (a broken bound) is kept so that it shows
+    assert stale_distribution([_step(1, **{"stale/frac_d0": 0.5, "stale/frac_d3": 0.5})], 1) == [0.5, 0.0, 0.0, 0.5]
+    assert stale_distribution([_step(1), _step(2)], 2) is None  # not logged: not available
+
+
+def test_steady_state_is_after_the_first_eta_plus_two_steps_and_token_weighted():
+    steps = [_step(k, n, **{"stale/mean": m}) for k, n, m in ((1, 100.0, 0.0), (2, 100.0, 1.0), (3, 100.0, 2.0),
+                                                           (4, 100.0, 2.0), (5, 300.0, 2.0), (6, 100.0, 1.0))]
+    assert [r["step"] for r in steady_steps(steps, 2)] == [5, 6]
+    assert token_weighted_mean(steady_steps(steps, 2), "stale/mean") == pytest.approx((600 + 100) / 400)
+    assert token_weighted_mean(steps, "stale/mean") == pytest.approx((0 + 100 + 200 + 200 + 600 + 100) / 800)
+    assert steady_steps(steps, 4) == [] and math.isnan(token_weighted_mean([], "stale/mean"))
+
+
+def test_summarize_adds_the_study_numbers_and_tolerates_missing_metrics():
+    cfg = load_config(None, ["rollout.max_head_offpolicyness=0"], preset="tiny")
+    rows = [{"step": 0, "eval/accuracy": 0.25},
+            _step(1, **{"rollout/idle_frac": 0.2, "mismatch/k3": 1e-4, "mismatch/abs_mean": 0.01}),
+            _step(2, **{"rollout/idle_frac": 0.4, "loss/clipped_frac": 0.3}),
+            _step(3, **{"mismatch/k3": 3e-4, "mismatch/abs_mean": 0.03, "stale/mean": 0.8, "eval/accuracy": 0.5})]
+    s = summarize(rows, cfg)
+    assert s["steps"] == 3 and (s["eval_initial"], s["eval_final"]) == (0.25, 0.5)
+    assert s["idle_frac"] == pytest.approx(0.3) and s["clipped_frac"] == pytest.approx(0.5 / 3)
+    assert s["mismatch_k3"] == pytest.approx(2e-4) and s["mismatch_abs_mean"] == pytest.approx(0.02)
+    assert s["step_s"] == 2.0 and s["train_wall_s"] == 6.0 and s["stale_dist"] is None
+    assert s["stale_mean_steady"] == pytest.approx(0.8)  # eta = 0: the steps after the first 2
+    assert s["stale_mean_all"] == pytest.approx(0.6)
+    bare = summarize([_step(1)], cfg)
+    assert math.isnan(bare["idle_frac"]) and math.isnan(bare["mismatch_k3"]) and math.isnan(bare["groups_ahead"])
+
+
+# ----------------------------------------------------------------------------- the tables
+
+
+def _run(arm, eta, mb, seed, **extra):
+    base = {"arm": arm, "eta": eta, "minibatches": mb, "seed": seed, "ok": True, "key": f"{arm}-eta{eta}-mb{mb}-seed{seed}",
+            "train_wall_s": 10.0, "step_s": 1.0, "eval_initial": 0.1, "eval_final": 0.5, "reward_final": 0.4,
+            "clipped_frac": 0.1, "capped_frac": 0.0, "idle_frac": math.nan, "mismatch_k3": math.nan,
+            "mismatch_abs_mean": math.nan, "stale_mean_all": 0.5, "stale_mean_steady": 1.0, "stale_max": float(eta),
+            "groups_ahead": math.nan, "stale_dist": None}
+    return {**base, **extra}
+
+
+def test_aggregate_gives_each_cell_mean_and_spread_over_seeds():
+    runs = [_run("coupled", 0, 1, 1, eval_final=0.4), _run("loglinear", 2, 1, 1, eval_final=0.5, stale_dist=[0.2, 0.8]),
+            _run("coupled", 0, 1, 2, eval_final=0.6), _run("loglinear", 2, 1, 2, eval_final=0.7,
+                                                           stale_dist=[0.4, 0.4, 0.2]),
+            {"arm": "reuse", "eta": 2, "minibatches": 1, "seed": 1, "ok": False}]
+    rows = {r["cell"]: r for r in aggregate(runs)}
+    assert list(rows) == ["coupled-eta0-mb1", "loglinear-eta2-mb1"]  # a failed run has no row
+    row = rows["loglinear-eta2-mb1"]
+    assert row["seeds"] == [1, 2] and row["eval_final"]["mean"] == pytest.approx(0.6)
+    assert (row["eval_final"]["min"], row["eval_final"]["max"], row["eval_final"]["n"]) == (0.5, 0.7, 2)
+    assert row["idle_frac"]["n"] == 0  # never logged: '-' in the table, not 0
+    assert [d["mean"] for d in row["stale_dist"]] == pytest.approx([0.3, 0.6, 0.1])
+    assert (row["stale_dist"][2]["min"], row["stale_dist"][2]["max"]) == (0.0, 0.2)
+    assert rows["coupled-eta0-mb1"]["stale_dist"] is None
+    lines = _staleness_table(aggregate(runs), [0, 2])
+    assert lines[0].endswith("| d=0 | d=1 | d=2 |")
+    assert lines[2].endswith("| - |  |  |")  # eta 0, not logged: '-' at d = 0, blank beyond its eta
+    assert lines[3].endswith("| 30% (20%..40%) | 60% (40%..80%) | 10% (0%..20%) |")
+
+
+def test_approximation_table_has_a_row_for_every_d_up_to_eta():
+    def step(n0, n2, e0, e2):
+        return {"prox_err/tokens/d0": n0, "prox_err/tokens/d2": n2,
+                "prox_err/loglinear/abs/d0": e0, "prox_err/loglinear/abs/d2": e2}
+    runs = [_run("recompute", 3, 1, 1, prox_err_steps=[step(10, 30, 0.0, 0.2)]),
+            _run("recompute", 3, 1, 2, prox_err_steps=[step(30, 10, 0.0, 0.6)]),
+            _run("loglinear", 3, 1, 1, prox_err_steps=[step(1, 1, 9.0, 9.0)])]  # not a recompute cell: no table
+    (t,) = approx_tables(runs)
+    assert (t["cell"], t["eta"], t["minibatches"]) == ("recompute-eta3-mb1", 3, 1)
+    assert [(r["staleness"], r["tokens"]) for r in t["rows"]] == [("d0", 40), ("d1", 0), ("d2", 40), ("d3", 0),
+                                                                   ("all", 80)]
+    assert t["rows"][2]["loglinear/abs"] == pytest.approx((30 * 0.2 + 10 * 0.6) / 40)
+    lines = _approx_table(t["rows"])
+    assert lines[3] == "| 1 | 0 | - | - | - | - | - | - |"  # no token at d = 1: shown, not omitted
+    assert lines[4].startswith("| 2 | 40 | 3.00e-01 | - |")  # rel was never logged: '-'
+    assert [r["staleness"] for r in every_d_rows([], 1)] == ["d0", "d1"]
+
+
+def test_each_line_starts_from_the_coupled_eta0_baseline_of_its_minibatch_count(tmp_path):
+    runs = [_run("coupled", 0, 1, 1, eval_final=0.3), _run("coupled", 0, 4, 1, eval_final=0.35),
+            _run("loglinear", 2, 1, 1, stale_dist=[0.5, 0.3, 0.2]), _run("loglinear", 2, 4, 1),
+            _run("loglinear", 4, 1, 1), _run("coupled", 2, 1, 1)]
+    table = aggregate(runs)
+    lines = lines_by_eta(table)
+    assert list(lines) == ["coupled mb1", "coupled mb4", "loglinear mb1", "loglinear mb4"]
+    assert [(r["cell"]) for r in lines["loglinear mb1"]] == ["coupled-eta0-mb1", "loglinear-eta2-mb1",
+                                                              "loglinear-eta4-mb1"]
+    assert [r["cell"] for r in lines["loglinear mb4"]] == ["coupled-eta0-mb4", "loglinear-eta2-mb4"]
+    assert [r["cell"] for r in lines["coupled mb1"]] == ["coupled-eta0-mb1", "coupled-eta2-mb1"]
+    names = plot(table, tmp_path)
+    assert names == ["accuracy_vs_eta.png", "clipped_frac_vs_eta.png", "staleness_distribution.png"]
+    assert all((tmp_path / n).read_bytes()[:8] == PNG for n in names)
+    single = lines_by_eta(aggregate([r for r in runs if r["minibatches"] == 1]))
+    assert list(single) == ["coupled", "loglinear"]  # one minibatch count: no 'mb' in the labels
+
+
+def test_markdown_lists_skipped_cells_and_shows_unlogged_metrics_as_dashes():
+    runs = [_run("coupled", 0, 1, 1), _run("loglinear", 2, 1, 1)]
+    args = StalenessArgs(etas=[0, 2], minibatches=[1, 4], arms=["coupled", "loglinear", "reuse"])
+    record = {"command": "a3po bench staleness", "args": vars(args), "cpu_model": "cpu", "avx512_bf16": False,
+              "cpu_count": 2, "torch": "2", "wall_s": 60.0, "runs": runs, "table": aggregate(runs), "approx": [],
+              "configs": {"x": _cfg_dict()},
+              "skipped": [{"cell": "reuse-eta2-mb4", "reason": REASON_REUSE},
+                          {"cell": "reuse-eta0-mb1", "reason": REASON_ETA0}], "plots": []}
+    md = markdown(record)
+    assert "Skipped cells: `reuse-eta2-mb4`" in md and "`reuse-eta0-mb1`" not in md
+    assert "At eta = 0 only the `coupled` arm runs by default" in md and "without AVX512-BF16" in md
+    row = next(line for line in md.splitlines() if line.startswith("| loglinear | 2 | 1 | 10.0 |"))
+    assert row.endswith("| - | - | - |")  # idle frac and mismatch: not logged
+    assert "## Proximal approximation error" not in md
+
+
+def _cfg_dict() -> dict:
+    import yaml
+
+    from a3po.config import dump_yaml
+
+    return yaml.safe_load(dump_yaml(load_config(None, [], preset="tiny")))
+
+
+def test_cell_keys_name_arm_eta_and_minibatches():
+    assert Cell("loglinear", 4, 1).key == "loglinear-eta4-mb1"
+    assert Cell("recompute", 2, 4).overrides() == ["actor.prox_logp_method=metrics", "rollout.max_head_offpolicyness=2",
+                                                  "actor.ppo_n_minibatches=4"]
