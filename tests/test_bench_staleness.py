@@ -335,7 +335,8 @@ def test_markdown_lists_skipped_cells_and_shows_unlogged_metrics_as_dashes():
     assert "Skipped cells: `reuse-eta2-mb4`" in md and "`reuse-eta0-mb1`" not in md
     assert "At eta = 0 only the `coupled` arm runs by default" in md and "without AVX512-BF16" in md
     row = next(line for line in md.splitlines() if line.startswith("| loglinear | 2 | 1 | 10.0 |"))
-    assert row.endswith("| - | - | - |")  # idle frac and mismatch: not logged
+    # idle frac and mismatch: not logged; speed against the baseline, but no rollout time for a ceiling
+    assert row.endswith("| - | - | - | 1.00x | - | - |")
     assert "## Proximal approximation error" not in md
 
 
@@ -351,3 +352,18 @@ def test_cell_keys_name_arm_eta_and_minibatches():
     assert Cell("loglinear", 4, 1).key == "loglinear-eta4-mb1"
     assert Cell("recompute", 2, 4).overrides() == ["actor.prox_logp_method=metrics", "rollout.max_head_offpolicyness=2",
                                                   "actor.ppo_n_minibatches=4"]
+
+
+def test_overlap_ceiling_is_measured_against_the_synchronous_baseline():
+    from a3po.bench.staleness import overlap
+
+    stat = lambda x: {"mean": x, "min": x, "max": x, "std": 0.0, "n": 1}
+    sync = {"eta": 0, "step_s": stat(10.0), "rollout_wait_s": stat(4.0)}  # R = 4, T = 6
+    fast = {"eta": 2, "step_s": stat(6.25)}
+    out = overlap(fast, sync)
+    # ceiling (4 + 6) / max(4, 6) = 1.667; speedup 10 / 6.25 = 1.6; 1.6 / 1.667 = 96 %
+    assert out["overlap_ceiling"] == pytest.approx(10 / 6)
+    assert out["speedup_vs_sync"] == pytest.approx(1.6)
+    assert out["of_ceiling"] == pytest.approx(0.96)
+    assert overlap(sync, sync)["speedup_vs_sync"] is None  # the baseline is not compared with itself
+    assert overlap(fast, None)["of_ceiling"] is None

@@ -130,6 +130,7 @@ def summarize(rows: list[dict], cfg: Config) -> dict:
         "stale_mean_all": token_weighted_mean(steps, "stale/mean"),
         "stale_mean_steady": token_weighted_mean(steady_steps(steps, eta), "stale/mean"),
         "step_s": mean(col("perf/step_s")),
+        "rollout_wait_s": mean(col("perf/rollout_wait_s")),
         "clipped_frac": mean(col("loss/clipped_frac")),
         "idle_frac": mean(col("rollout/idle_frac")),
         "groups_ahead": mean(col("rollout/groups_ahead")),
@@ -170,7 +171,7 @@ def stale_distribution(steps: list[dict], eta: int) -> list[float] | None:
 # ----------------------------------------------------------------------------- the tables
 
 
-SCALARS = ("train_wall_s", "step_s", "eval_initial", "eval_final", "reward_final", "clipped_frac", "capped_frac",
+SCALARS = ("train_wall_s", "step_s", "rollout_wait_s", "eval_initial", "eval_final", "reward_final", "clipped_frac", "capped_frac",
            "idle_frac", "mismatch_k3", "mismatch_abs_mean", "stale_mean_all", "stale_mean_steady", "stale_max",
            "groups_ahead")
 
@@ -197,7 +198,26 @@ def aggregate(runs: list[dict]) -> list[dict]:
         row.update({k: mean_spread([r.get(k) for r in rs]) for k in SCALARS})
         row["stale_dist"] = dist_spread([r.get("stale_dist") for r in rs])
         rows.append(row)
+    for row in rows:
+        row.update(overlap(row, next((b for b in rows if (b["arm"], b["eta"], b["minibatches"])
+                                      == (BASELINE, 0, row["minibatches"])), None)))
     return rows
+
+
+def overlap(row: dict, sync: dict | None) -> dict:
+    """Speed against the synchronous baseline of the same minibatch count, and how much of what
+    overlapping rollout with training can gain it achieves. In the synchronous run a step is
+    rollout R (all of its wait for the batch) then training T, so an asynchronous run can at best
+    take max(R, T) per step: ceiling = (R + T) / max(R, T), both measured in the baseline run."""
+    if sync is None or row["eta"] == 0 or not sync["step_s"]["n"] or not row["step_s"]["n"]:
+        return {"speedup_vs_sync": None, "overlap_ceiling": None, "of_ceiling": None}
+    step = sync["step_s"]["mean"]
+    speedup = step / row["step_s"]["mean"]
+    if not sync["rollout_wait_s"]["n"]:
+        return {"speedup_vs_sync": speedup, "overlap_ceiling": None, "of_ceiling": None}
+    rollout = sync["rollout_wait_s"]["mean"]
+    ceiling = step / max(rollout, step - rollout)
+    return {"speedup_vs_sync": speedup, "overlap_ceiling": ceiling, "of_ceiling": speedup / ceiling}
 
 
 def dist_spread(dists: list[list[float] | None]) -> list[dict] | None:

@@ -16,6 +16,7 @@ from a3po.bench.staleness import BASELINE, REASON_ETA0, STEADY_AFTER
 TRAINING = (
     ("train_wall_s", "wall time (s)", "{:.1f}"),
     ("step_s", "s/step", "{:.2f}"),
+    ("rollout_wait_s", "rollout wait (s/step)", "{:.2f}"),
     ("eval_initial", "held-out acc, start", "{:.3f}"),
     ("eval_final", "held-out acc, end", "{:.3f}"),
     ("reward_final", "final reward", "{:.3f}"),
@@ -35,7 +36,7 @@ SHARE = "{:.0%}"
 
 def markdown(record: dict) -> str:
     table = record["table"]
-    lines = _header(record) + ["", "## Training", "", *_table(table, TRAINING), "", *_training_notes()]
+    lines = _header(record) + ["", "## Training", "", *_table(table, TRAINING, speed=True), "", *_training_notes()]
     lines += ["", "## Consumed staleness", "", *_staleness_table(table, record["args"]["etas"]), "",
               *_staleness_notes()]
     if record["approx"]:
@@ -94,12 +95,21 @@ def _cell_columns(row: dict) -> list[str]:
     return [row["arm"], str(row["eta"]), str(row["minibatches"])]
 
 
-def _table(table: list[dict], columns: tuple) -> list[str]:
-    out = ["| arm | eta | minibatches | " + " | ".join(title for _, title, _ in columns) + " |",
-           "|---|---:|---:|" + "---:|" * len(columns)]
+def _table(table: list[dict], columns: tuple, speed: bool = False) -> list[str]:
+    extra = ["sync / this", "overlap ceiling", "of ceiling"] if speed else []
+    out = ["| arm | eta | minibatches | " + " | ".join([title for _, title, _ in columns] + extra) + " |",
+           "|---|---:|---:|" + "---:|" * (len(columns) + len(extra))]
     for row in table:
-        out.append("| " + " | ".join(_cell_columns(row) + [format_cell(row[k], fmt) for k, _, fmt in columns]) + " |")
+        cells = _cell_columns(row) + [format_cell(row[k], fmt) for k, _, fmt in columns]
+        if speed:
+            cells += [_opt(row.get("speedup_vs_sync"), "{:.2f}x"), _opt(row.get("overlap_ceiling"), "{:.2f}x"),
+                      _opt(row.get("of_ceiling"), "{:.0%}")]
+        out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def _opt(x: float | None, fmt: str) -> str:
+    return "-" if x is None or math.isnan(x) else fmt.format(x)
 
 
 def _training_notes() -> list[str]:
@@ -110,7 +120,10 @@ def _training_notes() -> list[str]:
          "`loss/behav_capped_frac` (behaviour weight above its cap). Rollout idle frac: mean of `rollout/idle_frac` "
          "(workers waiting for admission or weights). Mismatch: mean of `mismatch/k3` and `mismatch/abs_mean` over the "
          "steps that logged them, the trainer's log-probs against the rollout engine's on tokens of staleness 0 "
-         "(same weights, so only numerics differ). '-': not logged by this training loop."),
+         "(same weights, so only numerics differ). '-': not logged by this training loop. sync / this: the synchronous "
+         "baseline's s/step over this cell's (same minibatch count); overlap ceiling: what overlapping rollout and "
+         "training can gain at most, (R + T) / max(R, T) with R the baseline's rollout wait and T the rest of its "
+         "step; of ceiling: the first over the second."),
     ]
 
 
