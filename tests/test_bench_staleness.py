@@ -96,14 +96,12 @@ def test_every_cell_trains_its_steps_within_its_eta(bench):
 
 @pytest.mark.slow
 def test_max_staleness_reaches_eta_with_the_deep_pipeline(bench):
-    # needs the deep pipeline: only a pipeline that keeps eta batches in flight reaches the
-    # bound; it also logs stale/frac_d<k>, which tells it apart from the shallow one
-    _, cwd, _, rec = bench
+    # only a pipeline that keeps eta batches in flight while the trainer trains reaches the bound
+    _, _, _, rec = bench
     runs = [r for r in rec["runs"] if r["eta"] > 0]
-    if not any("stale/frac_d0" in m for r in runs for m in _metrics(r, cwd)):
-        pytest.skip("needs the deep pipeline: the runs' metrics lack stale/frac_d0")
+    assert runs
     for r in runs:
-        assert r["stale_max"] == r["eta"], r["key"]  # needs the deep pipeline
+        assert r["stale_max"] == r["eta"], r["key"]
         assert len(r["stale_dist"]) == r["eta"] + 1 and sum(r["stale_dist"]) == pytest.approx(1.0)
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
 import shlex
 import shutil
 import signal
@@ -29,6 +27,7 @@ import yaml
 from tqdm import tqdm
 
 from a3po.bench.args import TrainBenchArgs
+from a3po.bench.common import machine as common_machine
 from a3po.bench.common import progress
 from a3po.config import Config, ConfigError, dump_yaml
 from a3po.train.run import unique_dir
@@ -253,20 +252,7 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
 
 
 def machine() -> dict:
-    """What the timings were measured on: CPU model, whether it computes bf16 natively, cores, torch."""
-    cpu_model, flags = "", ""
-    try:
-        out = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
-        cpu_model = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
-        flags = next((line for line in out.splitlines() if line.startswith("Flags")), "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    if not cpu_model or not flags:
-        try:
-            info = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            info = ""
-        cpu_model = cpu_model or next(iter(re.findall(r"^model name\s*:\s*(.*)$", info, re.MULTILINE)), "unknown")
-        flags = flags or info
-    return {"cpu_model": cpu_model, "avx512_bf16": "avx512_bf16" in flags.split(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    """What the timings were measured on, as header keys of results.json: CPU model, whether it
+    computes bf16 natively, cores, torch (bench/common.py reads the CPU)."""
+    m = common_machine()
+    return {"cpu_model": m["cpu"], "avx512_bf16": m["avx512_bf16"], "cpu_count": m["cores"], "torch": torch.__version__}
