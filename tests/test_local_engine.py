@@ -174,14 +174,18 @@ def test_pause_holds_generation_and_resume_continues(tiny):
 def test_stop_string_and_length_finish_reasons(tiny):
     model, tok = tiny
     p = prompts(tok, 1)[0]
-    free = generate(engine_for(model, tok), [GenerationRequest(p, 12, greedy=True)])[0]
-    text = tok.decode(free.output_ids)
-    assert free.finish_reason in ("length", "stop")
-    stop_at = text[len(text) // 2:][:1] if len(text) > 1 else None
-    if stop_at:
-        cut = generate(engine_for(model, tok), [GenerationRequest(p, 12, greedy=True, stop=(stop_at,))])[0]
-        assert cut.finish_reason == "stop" and stop_at in tok.decode(cut.output_ids)
-        assert len(cut.output_ids) <= len(free.output_ids)
+    no_eos = dict(decode=tok.decode, pad_id=tok.pad_token_id)  # only the length or a stop string ends a row
+    free = generate(LocalEngine(model, **no_eos), [GenerationRequest(p, 12, seed=3)])[0]
+    assert free.finish_reason == "length" and len(free.output_ids) == 12
+    # stop at the first occurrence of the text sampled as the 6th token (a seeded request draws the same tokens)
+    stop_at = tok.decode(free.output_ids[5:6])
+    first = tok.decode(free.output_ids).index(stop_at)
+    cut = generate(LocalEngine(model, **no_eos), [GenerationRequest(p, 12, seed=3, stop=(stop_at,))])[0]
+    assert cut.finish_reason == "stop"
+    assert cut.output_ids == free.output_ids[: len(cut.output_ids)]  # the same samples, cut short
+    text = tok.decode(cut.output_ids)
+    assert stop_at in text and stop_at not in tok.decode(cut.output_ids[:-1])  # ended on the token completing it
+    assert len(text) >= first + len(stop_at) and len(cut.output_ids) < 12
 
 
 def test_top_k_top_p_logprobs_are_the_renormalised_distribution():
