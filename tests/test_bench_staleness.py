@@ -365,3 +365,17 @@ def test_overlap_ceiling_is_measured_against_the_synchronous_baseline():
     assert out["of_ceiling"] == pytest.approx(0.96)
     assert overlap(sync, sync)["speedup_vs_sync"] is None  # the baseline is not compared with itself
     assert overlap(fast, None)["of_ceiling"] is None
+
+
+def test_of_bottleneck_compares_each_step_with_its_slower_side():
+    from a3po.bench.staleness import of_bottleneck
+
+    steps = [
+        # trainer-bound: busy 10 - 1 = 9 s of 10, workers (1 - 0.5) x 10 = 5 s -> 9
+        {"perf/step_s": 10.0, "perf/rollout_wait_s": 1.0, "rollout/idle_frac": 0.5},
+        # rollout-bound: trainer 5 - 3 = 2 s, workers 0.8 x 5 = 4 s -> 4
+        {"perf/step_s": 5.0, "perf/rollout_wait_s": 3.0, "rollout/idle_frac": 0.2},
+        {"perf/step_s": 7.0, "perf/rollout_wait_s": 0.0},  # no idle share logged: left out
+    ]
+    assert of_bottleneck(steps) == pytest.approx((9 + 4) / (10 + 5))
+    assert math.isnan(of_bottleneck(steps[2:]))

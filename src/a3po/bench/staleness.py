@@ -131,12 +131,28 @@ def summarize(rows: list[dict], cfg: Config) -> dict:
         "stale_mean_steady": token_weighted_mean(steady_steps(steps, eta), "stale/mean"),
         "step_s": mean(col("perf/step_s")),
         "rollout_wait_s": mean(col("perf/rollout_wait_s")),
+        "train_s": mean(col("perf/train_s")),
+        "of_bottleneck": of_bottleneck(steps),
         "clipped_frac": mean(col("loss/clipped_frac")),
         "idle_frac": mean(col("rollout/idle_frac")),
         "groups_ahead": mean(col("rollout/groups_ahead")),
         "mismatch_k3": mean(col("mismatch/k3")),
         "mismatch_abs_mean": mean(col("mismatch/abs_mean")),
     }
+
+
+def of_bottleneck(steps: list[dict]) -> float:
+    """How close the run's steps come to its slower side, measured in the run itself: per step,
+    the trainer is busy T = step - rollout wait and the workers R = (1 - idle share) * step,
+    so a perfect overlap takes max(T, R); returns sum of max(T, R) over sum of step times.
+    Contention between the two processes (memory bandwidth on a small machine) inflates T and R
+    alike and so does not count against the overlap here; it does in the speed against sync."""
+    pairs = [(r["perf/step_s"], r["perf/rollout_wait_s"], r.get("rollout/idle_frac")) for r in steps
+             if r.get("perf/step_s") and r.get("rollout/idle_frac") is not None]
+    total = sum(step for step, _, _ in pairs)
+    if not total:
+        return math.nan
+    return sum(max(step - wait, (1 - idle) * step) for step, wait, idle in pairs) / total
 
 
 def steady_steps(steps: list[dict], eta: int) -> list[dict]:
@@ -171,7 +187,7 @@ def stale_distribution(steps: list[dict], eta: int) -> list[float] | None:
 # ----------------------------------------------------------------------------- the tables
 
 
-SCALARS = ("train_wall_s", "step_s", "rollout_wait_s", "eval_initial", "eval_final", "reward_final", "clipped_frac", "capped_frac",
+SCALARS = ("train_wall_s", "step_s", "rollout_wait_s", "train_s", "of_bottleneck", "eval_initial", "eval_final", "reward_final", "clipped_frac", "capped_frac",
            "idle_frac", "mismatch_k3", "mismatch_abs_mean", "stale_mean_all", "stale_mean_steady", "stale_max",
            "groups_ahead")
 

@@ -17,6 +17,8 @@ TRAINING = (
     ("train_wall_s", "wall time (s)", "{:.1f}"),
     ("step_s", "s/step", "{:.2f}"),
     ("rollout_wait_s", "rollout wait (s/step)", "{:.2f}"),
+    ("train_s", "train (s/step)", "{:.2f}"),
+    ("of_bottleneck", "of bottleneck", "{:.0%}"),
     ("eval_initial", "held-out acc, start", "{:.3f}"),
     ("eval_final", "held-out acc, end", "{:.3f}"),
     ("reward_final", "final reward", "{:.3f}"),
@@ -123,7 +125,9 @@ def _training_notes() -> list[str]:
          "(same weights, so only numerics differ). '-': not logged by this training loop. sync / this: the synchronous "
          "baseline's s/step over this cell's (same minibatch count); overlap ceiling: what overlapping rollout and "
          "training can gain at most, (R + T) / max(R, T) with R the baseline's rollout wait and T the rest of its "
-         "step; of ceiling: the first over the second."),
+         "step; of ceiling: the first over the second. train: `perf/train_s` (the update alone). Of bottleneck: "
+         "the overlap measured inside the run, sum over steps of max(trainer busy, workers busy) over the sum of step "
+         "times (trainer busy = step - rollout wait, workers busy = (1 - idle share) x step)."),
     ]
 
 
