@@ -112,11 +112,13 @@ def test_batch_normalisation_ignores_groups():
     close(a, [-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s])
 
 
-def test_group_mean_with_batch_std():
-    # groups [1, 2], [3, 5] centred: [-0.5, 0.5, -1, 1]; batch std of [1, 2, 3, 5]:
-    # mean 2.75, sum sq dev = 3.0625 + 0.5625 + 0.0625 + 5.0625 = 8.75, / 3 -> sqrt(2.916667) = 1.707825
+def test_group_mean_with_batch_std_divides_by_the_spread_of_the_centred_values():
+    # groups [1, 2], [3, 5] centred on their means 1.5 and 4: [-0.5, 0.5, -1, 1]. The batch std is the
+    # std of these centred values: mean 0, sum sq = 0.25 + 0.25 + 1 + 1 = 2.5, / 3 -> sqrt(0.833333) = 0.912871
+    # (the raw rewards' batch std, sqrt(8.75 / 3) = 1.707825, would also count the spread between the groups'
+    # means, which the group baseline has already removed)
     a = normalize_advantages(vec(1.0, 2.0, 3.0, 5.0), group_size=2, mean_level="group", std_level="batch")
-    s = math.sqrt(8.75 / 3) + 1e-5
+    s = math.sqrt(2.5 / 3) + 1e-5
     close(a, [-0.5 / s, 0.5 / s, -1 / s, 1 / s])
 
 

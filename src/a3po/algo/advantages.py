@@ -8,9 +8,13 @@ are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_
     Dr.GRPO   mean_level=group  std_level=none    A_i = r_i - mean_g
     RLOO      mean_level=group  std_level=none    A_i = r_i - mean_{g, j != i}  (mean_leave1out)
     batch     mean_level=batch  std_level=batch   A_i = (r_i - mean_B) / (std_B + eps)
+    mixed     mean_level=group  std_level=batch   A_i = c_i / (std_B(c) + eps),  c_i = r_i - mean_g
 
-std is the unbiased sample standard deviation (0 for a group of one). `gae` is the
-per-token estimator for a learned critic (Schulman et al. 2016, Eq. 16).
+std is the unbiased sample standard deviation of the centred values c over the std_level
+(0 for a group of one), so the advantages have unit spread where they are divided: a batch
+std of the raw rewards would also count the spread between group means, which the group
+baseline removed. `gae` is the per-token estimator for a learned critic (Schulman et al.
+2016, Eq. 16).
 """
 
 from __future__ import annotations
@@ -65,7 +69,9 @@ def normalize_advantages(
     centred = _centre(grouped if mean_level == "group" else flat, mean_level, mean_leave1out).reshape(B)
     if std_level == "none":
         return centred.float()
-    std = _std(grouped if std_level == "group" else flat)  # (G, 1) or (1, 1)
+    # the spread of what is divided: with group baselines and a batch std, the raw rewards' batch
+    # std would also count the differences between group means that the baseline removed
+    std = _std(centred.view(-1, group_size) if std_level == "group" else centred.view(1, B))  # (G, 1) or (1, 1)
     std = std.expand(-1, group_size if std_level == "group" else B).reshape(B)
     return (centred / (std + eps)).float()
 
