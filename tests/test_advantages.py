@@ -131,6 +131,16 @@ def test_group_of_one_gives_zero_not_nan(kwargs):
     assert torch.equal(a, torch.zeros(3))
 
 
+def test_group_of_one_under_a_batch_baseline_is_not_divided():
+    # batch mean (3 - 2 + 7) / 3 = 8/3: centred [1/3, -14/3, 13/3]. A group of one has no spread, so its std
+    # counts as 1: A = c / (1 + eps). As 0 it divided by eps = 1e-5 and gave -466,667 and 433,333
+    a = normalize_advantages(vec(3.0, -2.0, 7.0), group_size=1, mean_level="batch", std_level="group")
+    s = 1 + 1e-5
+    close(a, [1 / 3 / s, -14 / 3 / s, 13 / 3 / s])
+    # the same for a batch of one sequence under a batch std, without a baseline: 3 / (1 + eps)
+    close(normalize_advantages(vec(3.0), group_size=1, mean_level="none", std_level="batch"), [3.0 / s])
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"std_level": "none"}, {"std_level": "none", "mean_leave1out": True}])
 def test_all_equal_group_gives_zero(kwargs):
     a = normalize_advantages(vec(2.0, 2.0, 2.0, 5.0, 5.0, 5.0), group_size=3, **kwargs)

@@ -94,7 +94,9 @@ def test_bad_override_names_key_value_and_what_is_allowed(override, needles):
     (["actor.loss_agg_norm=24"], ["actor.loss_agg_norm", "seq-mean-token-sum"]),
     (["actor.adv_norm.mean_leave1out=true", "actor.adv_norm.mean_level=batch"], ["mean_leave1out", "mean_level=group"]),
     (["train_dataset.task=file"], ["train_dataset.path", "task=file"]),
-    (["gconfig.n_samples=1"], ["gconfig.n_samples", "mean_level=batch"]),
+    (["gconfig.n_samples=1"], ["gconfig.n_samples", "mean_level=batch", "std_level=batch"]),
+    # what the line above tells users to set, half done: the group of one has no std to divide by
+    (["gconfig.n_samples=1", "actor.adv_norm.mean_level=batch"], ["actor.adv_norm.std_level='group'", "std_level=batch or none"]),
 ])
 def test_inconsistent_combinations_are_refused(overrides, needles):
     msg = error_of(overrides)
@@ -105,6 +107,12 @@ def test_inconsistent_combinations_are_refused(overrides, needles):
 def test_coupled_loss_alone_is_fine_even_though_the_default_method_is_decoupled():
     cfg = load_config(None, ["actor.use_decoupled_loss=false"])
     assert cfg.actor.use_decoupled_loss is False
+
+
+@pytest.mark.parametrize("std_level", ["batch", "none"])
+def test_one_sample_per_prompt_with_batch_baseline_is_accepted(std_level):
+    cfg = load_config(None, ["gconfig.n_samples=1", "actor.adv_norm.mean_level=batch", f"actor.adv_norm.std_level={std_level}"])
+    assert cfg.gconfig.n_samples == 1
 
 
 def test_reuse_with_one_minibatch_is_accepted():

@@ -11,7 +11,7 @@ are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_
     mixed     mean_level=group  std_level=batch   A_i = c_i / (std_B(c) + eps),  c_i = r_i - mean_g
 
 std is the unbiased sample standard deviation of the centred values c over the std_level
-(0 for a group of one), so the advantages have unit spread where they are divided: a batch
+(1, i.e. no division, for a group of one), so the advantages have unit spread where they are divided: a batch
 std of the raw rewards would also count the spread between group means, which the group
 baseline removed. `gae` is the per-token estimator for a learned critic (Schulman et al.
 2016, Eq. 16).
@@ -42,9 +42,11 @@ def _centre(r: Tensor, level: str, leave1out: bool) -> Tensor:
     return r - total / n
 
 
-def _std(r: Tensor) -> Tensor:
-    n = r.shape[-1]
-    return r.std(-1, keepdim=True) if n > 1 else torch.zeros_like(r[..., :1])
+def _std(c: Tensor) -> Tensor:
+    """Unbiased std of c (G, n) along the last axis; 1 (no division) for n = 1: one sample has
+    no spread, and dividing by a zero std would turn any nonzero value into value / eps."""
+    n = c.shape[-1]
+    return c.std(-1, keepdim=True) if n > 1 else torch.ones_like(c[..., :1])
 
 
 def normalize_advantages(
