@@ -210,6 +210,23 @@ def test_gspo_clips_the_whole_sequence():
         ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="batch")
 
 
+def test_gspo_with_a_token_cap_drops_the_capped_token_before_the_sequence_mean():
+    # one sequence, A = 1: log r = [0.1, -0.1], w = [1, 4]; cap 3 with token_mask drops token 1.
+    # The sequence ratio averages the kept token only: r = exp(0.1) = 1.105171 for both tokens (averaging
+    # both, exp(0) = 1, let the dropped token move its sequence's ratio).
+    # pg = [-1 * 1.105171 * 1, 0]; the dropped token still counts in the token mean, as at token level:
+    # loss = -1.105171 / 2 = -0.552585; d loss / d theta_0 = -r / 2 = -0.552585, theta_1 gets nothing
+    theta, p, b, adv = inputs([[math.exp(0.1), math.exp(-0.1)]], [[1.0, 1.0]], weights=[[1.0, 4.0]])
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="sequence",
+                           behav_imp_weight_cap=3.0, behav_imp_weight_mode="token_mask")
+    r = math.exp(0.1)
+    torch.testing.assert_close(terms.ratio, bt([r, r]))
+    assert terms.capped.tolist() == [[False, True]]
+    torch.testing.assert_close(loss, torch.tensor(-r / 2, dtype=F64))
+    loss.backward()
+    torch.testing.assert_close(theta.grad, bt([-r / 2, 0.0]))
+
+
 # ----------------------------------------------------------------------------- M2PO
 
 # b - p per token: 0.1, 2, 0.1, 1 and a padding token -> (b - p)^2 = 0.01, 4, 0.01, 1

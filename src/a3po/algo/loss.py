@@ -13,7 +13,8 @@ Per generated token t, with theta = current log-prob (grad), p = proximal, b = b
 
 Options beyond the plain objective:
 - importance_sampling_level="sequence" (GSPO, arXiv 2507.18071): r is the geometric mean
-  of the sequence's token ratios, exp(mean_t(theta_t - p_t)), shared by its tokens.
+  of the sequence's token ratios, exp(mean_t(theta_t - p_t)), shared by its tokens; the mean
+  runs over the tokens that count, so a token that token_mask drops does not enter it.
 - m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
   largest first, until the mean of the rest is at most the threshold.
 
@@ -36,7 +37,6 @@ from torch import Tensor
 from a3po.algo.masked import aggregate, masked_mean
 
 LOG_RATIO_LIMIT = 20.0
-BEHAV_WEIGHT_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
 IS_LEVELS = ("token", "sequence")
 
 
@@ -78,25 +78,48 @@ def m2po_keep_mask(logp_behav: Tensor, logp_prox: Tensor, mask: Tensor, m2_thres
     return out
 
 
+@dataclass(frozen=True)
+class CapMode:
+    """What `behav_imp_weight_cap` does to a behaviour weight above it."""
+
+    per_sequence: bool  # the weight is the sequence's geometric mean, shared by its tokens
+    drop: bool  # drop the token (w = 0) rather than clamp w to the cap
+
+
+CAP_MODES: dict[str, CapMode] = {
+    "token_mask": CapMode(per_sequence=False, drop=True),
+    "token_truncate": CapMode(per_sequence=False, drop=False),
+    "sequence_mask": CapMode(per_sequence=True, drop=True),
+    "sequence_truncate": CapMode(per_sequence=True, drop=False),
+}
+
+
+def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Each sequence's masked mean of x (B, T), on every position of the sequence (B, T)."""
+    return masked_mean(x, mask, dim=-1).unsqueeze(-1).expand_as(x)
+
+
+def _lookup(table: dict, name: str, key: str):
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {key} {name!r}; allowed: {', '.join(table)}") from None
+
+
 def behaviour_weight(
-    logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, cap: float | None, mode: str
+    logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, cap: float | None, mode: CapMode
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(w before cap, w applied, capped) per token; everything detached."""
     log_w = _safe_log_ratio(logp_prox, logp_behav).detach()
-    level, _, action = mode.partition("_")
-    if level == "sequence":
-        log_w = masked_mean(log_w, mask, dim=-1).unsqueeze(-1).expand_as(log_w)  # (B, T)
-    elif level != "token":
-        raise ValueError(f"unknown behav_imp_weight_mode {mode!r}; allowed: {', '.join(BEHAV_WEIGHT_MODES)}")
+    if mode.per_sequence:
+        log_w = _sequence_mean(log_w, mask)
     w = torch.exp(log_w)
     if cap is None:
         return w, w, torch.zeros_like(mask)
     capped = (w > cap) & mask
-    if action == "mask":
+    if mode.drop:
         return w, torch.where(capped, torch.zeros_like(w), w), capped
-    if action == "truncate":
-        return w, w.clamp(max=cap), capped
-    raise ValueError(f"unknown behav_imp_weight_mode {mode!r}; allowed: {', '.join(BEHAV_WEIGHT_MODES)}")
+    return w, w.clamp(max=cap), capped
 
 
 def ppo_loss(
@@ -137,15 +160,21 @@ def ppo_loss(
         m2_dropped = mask & ~kept
         mask = kept
 
-    # 2. Trust-region ratio r = pi_theta / pi_prox, per token or per sequence (GSPO).
+    # 2. Behaviour importance weight w = pi_prox / pi_behav, capped.
+    cap_mode = _lookup(CAP_MODES, behav_imp_weight_mode, "behav_imp_weight_mode")
+    w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, cap_mode)
+
+    # 3. Trust-region ratio r = pi_theta / pi_prox, per token or per sequence (GSPO). A token the cap
+    #    drops on its own leaves the sequence mean too: it must not move the ratio its neighbours train with.
     log_r = _safe_log_ratio(theta, prox)
     if importance_sampling_level == "sequence":
-        log_r = masked_mean(log_r, mask, dim=-1).unsqueeze(-1).expand_as(log_r)  # (B, T)
+        in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
+        log_r = _sequence_mean(log_r, in_mean)
     elif importance_sampling_level != "token":
         raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; allowed: token, sequence")
     ratio = torch.exp(log_r)
 
-    # 3. Clipped surrogate s_t, with the optional dual clip for negative advantages.
+    # 4. Clipped surrogate s_t, with the optional dual clip for negative advantages, times w_t.
     eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
@@ -156,9 +185,6 @@ def ppo_loss(
         bound = -adv * c_clip
         dual_clipped = (adv < 0) & (pg > bound) & mask
         pg = torch.where(dual_clipped, bound, pg)
-
-    # 4. Behaviour importance weight w = pi_prox / pi_behav, capped.
-    w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, behav_imp_weight_mode)
     pg = pg * w
 
     # 5. Aggregate, then the optional entropy bonus and KL penalty.
