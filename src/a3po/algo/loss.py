@@ -12,9 +12,12 @@ Per generated token t, with theta = current log-prob (grad), p = proximal, b = b
     loss = aggregate(s_t w_t) - entropy_coef * aggregate(H_t) + kl_coef * aggregate(KL_t)
 
 Options beyond the plain objective:
-- importance_sampling_level="sequence" (GSPO, arXiv 2507.18071): r is the geometric mean
-  of the sequence's token ratios, exp(mean_t(theta_t - p_t)), shared by its tokens; the mean
-  runs over the tokens that count, so a token that token_mask drops does not enter it.
+- importance_sampling_level="sequence" (GSPO, arXiv 2507.18071): the sequence is the unit
+  of the trust region. r is the geometric mean of its token ratios, exp(mean_t(theta_t - p_t)),
+  and A the mean of its tokens' advantages (GSPO's one advantage per sequence; the same as
+  A_t when advantages are per sequence, as GRPO's are), both shared by its tokens: a token
+  keeping its own A_t under the shared r would be clipped on its own sign of A_t. Both means
+  run over the tokens that count, so a token that token_mask drops enters neither.
 - m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
   largest first, until the mean of the rest is at most the threshold.
 
@@ -37,7 +40,6 @@ from torch import Tensor
 from a3po.algo.masked import aggregate, masked_mean
 
 LOG_RATIO_LIMIT = 20.0
-IS_LEVELS = ("token", "sequence")
 
 
 @dataclass
@@ -99,6 +101,14 @@ def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(x, mask, dim=-1).unsqueeze(-1).expand_as(x)
 
 
+def _per_token(x: Tensor, mask: Tensor) -> Tensor:
+    return x
+
+
+# importance_sampling_level: how log r and A are pooled before the surrogate
+IS_LEVELS = {"token": _per_token, "sequence": _sequence_mean}
+
+
 def _lookup(table: dict, name: str, key: str):
     try:
         return table[name]
@@ -126,7 +136,7 @@ def ppo_loss(
     logp_theta: Tensor,  # (B, T) current policy, carries the gradient
     logp_prox: Tensor,  # (B, T) proximal policy, no gradient
     logp_behav: Tensor,  # (B, T) behaviour policy from the inference engine
-    adv: Tensor,  # (B, T) per-token advantages
+    adv: Tensor,  # (B, T) per-token advantages (averaged per sequence at the sequence level)
     mask: Tensor,  # (B, T) bool, generated tokens that count
     *,
     eps_clip: float = 0.2,
@@ -145,7 +155,12 @@ def ppo_loss(
     kl: Tensor | None = None,  # (B, T) per-token KL to a reference policy (see kl.py)
     kl_coef: float = 0.0,
 ) -> tuple[Tensor, LossTerms]:
-    """Scalar decoupled PPO loss and its per-token diagnostics."""
+    """Scalar decoupled PPO loss and its per-token diagnostics.
+
+    At importance_sampling_level="sequence" (GSPO) each sequence trains with one ratio and one
+    advantage, the means of log r_t and of A_t over its tokens that count: per-token advantages
+    under a shared ratio would let each token's own sign of A_t decide whether it is clipped.
+    """
     mask = mask.bool()
     zero = torch.zeros((), dtype=logp_theta.dtype, device=logp_theta.device)
     theta = torch.where(mask, logp_theta, zero)
@@ -164,15 +179,12 @@ def ppo_loss(
     cap_mode = _lookup(CAP_MODES, behav_imp_weight_mode, "behav_imp_weight_mode")
     w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, cap_mode)
 
-    # 3. Trust-region ratio r = pi_theta / pi_prox, per token or per sequence (GSPO). A token the cap
-    #    drops on its own leaves the sequence mean too: it must not move the ratio its neighbours train with.
-    log_r = _safe_log_ratio(theta, prox)
-    if importance_sampling_level == "sequence":
-        in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
-        log_r = _sequence_mean(log_r, in_mean)
-    elif importance_sampling_level != "token":
-        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; allowed: token, sequence")
-    ratio = torch.exp(log_r)
+    # 3. Trust-region ratio r = pi_theta / pi_prox and advantage, per token or per sequence (GSPO). A token
+    #    the cap drops on its own leaves the sequence mean too: it must not move what its neighbours train with.
+    pool = _lookup(IS_LEVELS, importance_sampling_level, "importance_sampling_level")
+    in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
+    ratio = torch.exp(pool(_safe_log_ratio(theta, prox), in_mean))
+    adv = torch.where(mask, pool(adv, in_mean), zero)
 
     # 4. Clipped surrogate s_t, with the optional dual clip for negative advantages, times w_t.
     eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
