@@ -8,8 +8,17 @@ neighbourhood), Schulman's estimators of KL(pi_theta || pi_ref) are
     k3 = exp(-x) - 1 + x     unbiased, low variance, >= 0
 
 The KL can enter the loss (actor.kl_ctl with actor.kl_in_reward=false: added per token
-by `ppo_loss`) or the reward (kl_in_reward=true: each sequence's reward loses
-kl_ctl * sum_t KL_t before advantages are computed, as in classic RLHF PPO).
+by `ppo_loss`, x_t = theta_t - ref_t) or the reward (kl_in_reward=true: each sequence's
+shaped reward loses kl_ctl * sum_t KL_t before the group normalisation, as in classic RLHF
+PPO, so the advantages see it). In the reward x_t = b_t - ref_t: the behaviour policy drew
+the tokens, so the estimate is of KL(pi_behav || pi_ref) and needs only the reference's
+forward pass (TrainEngine.reference_kl, called by the trainer's stage 2).
+
+In the reward, k1 is the estimator whose score-function gradient is the KL's gradient
+(E[grad log pi * k1] = grad KL); k2 and k3 estimate the KL's value with less variance but
+their penalties in the reward follow another gradient (with k3 a token whose probability
+fell is charged more than one whose probability rose by as much, which can push further
+from the reference). In the loss, k3 (the default) is the usual choice.
 """
 
 from __future__ import annotations
