@@ -1,4 +1,4 @@
-"""Rewards to advantages: reward shaping, group/batch normalisation, RLOO, GAE.
+"""Rewards to advantages: reward shaping, group/batch normalisation, RLOO.
 
 A batch holds B sequences, `group_size` consecutive ones per prompt. The estimators
 are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_level`,
@@ -13,8 +13,7 @@ are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_
 std is the unbiased sample standard deviation of the centred values c over the std_level
 (1, i.e. no division, for a group of one), so the advantages have unit spread where they are divided: a batch
 std of the raw rewards would also count the spread between group means, which the group
-baseline removed. `gae` is the per-token estimator for a learned critic (Schulman et al.
-2016, Eq. 16).
+baseline removed.
 """
 
 from __future__ import annotations
@@ -76,37 +75,3 @@ def normalize_advantages(
     std = _std(centred.view(-1, group_size) if std_level == "group" else centred.view(1, B))  # (G, 1) or (1, 1)
     std = std.expand(-1, group_size if std_level == "group" else B).reshape(B)
     return (centred / (std + eps)).float()
-
-
-def per_token(adv: Tensor, mask: Tensor) -> Tensor:
-    """Broadcast sequence advantages (B,) onto the generated tokens (B, T)."""
-    return torch.where(mask.bool(), adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype))
-
-
-def gae(
-    rewards: Tensor,  # (B, T) per-token rewards (a sequence reward sits on its last token)
-    values: Tensor,  # (B, T) critic values V(s_t)
-    mask: Tensor,  # (B, T) bool; tokens outside it are skipped and get 0
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """(advantages, returns), both (B, T).
-
-    delta_t = r_t + gamma V_{t'} - V_t and A_t = delta_t + gamma lam A_{t'}, where t' is
-    the next masked token of the same sequence (V = A = 0 after the last one).
-    Written as one reverse scan over T with batched ops.
-    """
-    mask = mask.bool()
-    B, T = rewards.shape
-    adv = torch.zeros_like(rewards, dtype=torch.float32)
-    next_value = torch.zeros(B, dtype=torch.float32, device=rewards.device)
-    next_adv = torch.zeros(B, dtype=torch.float32, device=rewards.device)
-    for t in reversed(range(T)):
-        m = mask[:, t]
-        delta = rewards[:, t].float() + gamma * next_value - values[:, t].float()
-        a = delta + gamma * lam * next_adv
-        adv[:, t] = torch.where(m, a, torch.zeros_like(a))
-        next_value = torch.where(m, values[:, t].float(), next_value)
-        next_adv = torch.where(m, a, next_adv)
-    returns = torch.where(mask, adv + values.float(), torch.zeros_like(adv))
-    return adv, returns

@@ -1,4 +1,4 @@
-"""KL to a reference policy and per-token entropy.
+"""KL to a reference policy.
 
 With x_t = theta_t - ref_t (log pi_theta / pi_ref on a token sampled from pi_theta's
 neighbourhood), Schulman's estimators of KL(pi_theta || pi_ref) are
@@ -48,12 +48,3 @@ def kl_penalty(logp_theta: Tensor, logp_ref: Tensor, estimator: str = "k3") -> T
 def kl_in_reward(rewards: Tensor, kl: Tensor, mask: Tensor, kl_ctl: float) -> Tensor:
     """rewards (B,) minus kl_ctl times each sequence's summed KL (B, T) over its generated tokens."""
     return rewards - kl_ctl * masked_sum(kl.detach(), mask.bool(), dim=-1)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """H = -sum_v p_v log p_v over the last axis: (..., V) -> (...); -inf logits contribute 0."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    p = logp.exp()
-    # zero the -inf log-probs *before* the product: 0 * -inf would be NaN in the backward pass
-    finite_logp = torch.where(p > 0, logp, torch.zeros_like(logp))
-    return -(p * finite_logp).sum(-1)

@@ -79,8 +79,6 @@ class ActorConfig:
     reward_bias: float = opt(0.0, "added to rewards before scaling")
     reward_clip: float | None = opt(None, "clip shaped rewards to [-reward_clip, reward_clip]; null disables", gt=0)
     adv_norm: NormConfig = section(NormConfig, "advantage normalisation")
-    discount: float = opt(1.0, "GAE discount gamma (critic-based advantages)", ge=0, le=1)
-    gae_lambda: float = opt(1.0, "GAE lambda (critic-based advantages)", ge=0, le=1)
     mb_spec: MicroBatchConfig = section(MicroBatchConfig, "micro-batching")
     optimizer: OptimizerConfig = section(OptimizerConfig, "optimizer")
 
