@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-LEVELS = ("group", "batch", "none")
+from a3po.algo import variants
+from a3po.algo.variants import implements, lookup
 
 
 def shape_rewards(rewards: Tensor, scaling: float = 1.0, bias: float = 0.0, clip: float | None = None) -> Tensor:
@@ -30,10 +31,20 @@ def shape_rewards(rewards: Tensor, scaling: float = 1.0, bias: float = 0.0, clip
     return out if clip is None else out.clamp(-clip, clip)
 
 
-def _centre(r: Tensor, level: str, leave1out: bool) -> Tensor:
+def _groups(x: Tensor, group_size: int) -> Tensor:
+    return x.view(-1, group_size)  # (G, n)
+
+
+def _batch(x: Tensor, group_size: int) -> Tensor:
+    return x.view(1, -1)  # (1, B)
+
+
+# actor.adv_norm.mean_level / std_level: the rows a statistic runs along; none skips the statistic
+LEVELS = implements({"group": _groups, "batch": _batch, "none": None}, variants.ADV_NORM_LEVELS)
+
+
+def _centre(r: Tensor, leave1out: bool) -> Tensor:
     """r (G, n) minus its baseline along the last axis."""
-    if level == "none":
-        return r
     n = r.shape[-1]
     total = r.sum(-1, keepdim=True)
     if leave1out and n > 1:
@@ -57,21 +68,16 @@ def normalize_advantages(
     eps: float = 1e-5,
 ) -> Tensor:
     """Sequence-level advantages (B,) from sequence rewards."""
-    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
-        if level not in LEVELS:
-            raise ValueError(f"unknown adv_norm.{name} {level!r}; allowed: {', '.join(LEVELS)}")
+    mean_rows = lookup(LEVELS, mean_level, "adv_norm.mean_level")
+    std_rows = lookup(LEVELS, std_level, "adv_norm.std_level")
     B = rewards.shape[0]
     if B % group_size:
         raise ValueError(f"batch of {B} sequences is not a whole number of groups of {group_size}")
     r = rewards.double()  # in float64 a group of equal float32 rewards has exactly their value as mean
-    grouped = r.view(B // group_size, group_size)  # (G, n)
-    flat = r.view(1, B)  # (1, B)
-
-    centred = _centre(grouped if mean_level == "group" else flat, mean_level, mean_leave1out).reshape(B)
-    if std_level == "none":
-        return centred.float()
+    c = r if mean_rows is None else _centre(mean_rows(r, group_size), mean_leave1out).reshape(B)
+    if std_rows is None:
+        return c.float()
     # the spread of what is divided: with group baselines and a batch std, the raw rewards' batch
     # std would also count the differences between group means that the baseline removed
-    std = _std(centred.view(-1, group_size) if std_level == "group" else centred.view(1, B))  # (G, 1) or (1, 1)
-    std = std.expand(-1, group_size if std_level == "group" else B).reshape(B)
-    return (centred / (std + eps)).float()
+    rows = std_rows(c, group_size)  # (G, n) or (1, B)
+    return (rows / (_std(rows) + eps)).reshape(B).float()

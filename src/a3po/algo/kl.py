@@ -26,21 +26,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from a3po.algo import variants
 from a3po.algo.masked import masked_sum
+from a3po.algo.variants import implements, lookup
 
-KL_ESTIMATORS = {
+# actor.kl_estimator
+KL_ESTIMATORS = implements({
     "k1": lambda x: x,
     "k2": lambda x: 0.5 * x.square(),
     "k3": lambda x: torch.expm1(-x) + x,
-}
+}, variants.KL_ESTIMATORS)
 
 
 def kl_penalty(logp_theta: Tensor, logp_ref: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token KL estimate, (B, T); gradient flows through logp_theta."""
-    try:
-        fn = KL_ESTIMATORS[estimator]
-    except KeyError:
-        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}") from None
+    fn = lookup(KL_ESTIMATORS, estimator, "KL estimator")
     x = torch.nan_to_num(logp_theta - logp_ref.detach(), nan=0.0).clamp(-20.0, 20.0)
     return fn(x)
 

@@ -37,7 +37,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from a3po.algo import variants
 from a3po.algo.masked import aggregate, masked_mean
+from a3po.algo.variants import implements, lookup
 
 LOG_RATIO_LIMIT = 20.0
 
@@ -88,12 +90,13 @@ class CapMode:
     drop: bool  # drop the token (w = 0) rather than clamp w to the cap
 
 
-CAP_MODES: dict[str, CapMode] = {
+# behav_imp_weight_mode
+CAP_MODES: dict[str, CapMode] = implements({
     "token_mask": CapMode(per_sequence=False, drop=True),
     "token_truncate": CapMode(per_sequence=False, drop=False),
     "sequence_mask": CapMode(per_sequence=True, drop=True),
     "sequence_truncate": CapMode(per_sequence=True, drop=False),
-}
+}, variants.BEHAV_WEIGHT_MODES)
 
 
 def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -106,14 +109,7 @@ def _per_token(x: Tensor, mask: Tensor) -> Tensor:
 
 
 # importance_sampling_level: how log r and A are pooled before the surrogate
-IS_LEVELS = {"token": _per_token, "sequence": _sequence_mean}
-
-
-def _lookup(table: dict, name: str, key: str):
-    try:
-        return table[name]
-    except KeyError:
-        raise ValueError(f"unknown {key} {name!r}; allowed: {', '.join(table)}") from None
+IS_LEVELS = implements({"token": _per_token, "sequence": _sequence_mean}, variants.IS_LEVELS)
 
 
 def behaviour_weight(
@@ -176,12 +172,12 @@ def ppo_loss(
         mask = kept
 
     # 2. Behaviour importance weight w = pi_prox / pi_behav, capped.
-    cap_mode = _lookup(CAP_MODES, behav_imp_weight_mode, "behav_imp_weight_mode")
+    cap_mode = lookup(CAP_MODES, behav_imp_weight_mode, "behav_imp_weight_mode")
     w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, cap_mode)
 
     # 3. Trust-region ratio r = pi_theta / pi_prox and advantage, per token or per sequence (GSPO). A token
     #    the cap drops on its own leaves the sequence mean too: it must not move what its neighbours train with.
-    pool = _lookup(IS_LEVELS, importance_sampling_level, "importance_sampling_level")
+    pool = lookup(IS_LEVELS, importance_sampling_level, "importance_sampling_level")
     in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
     ratio = torch.exp(pool(_safe_log_ratio(theta, prox), in_mean))
     adv = torch.where(mask, pool(adv, in_mean), zero)
