@@ -35,20 +35,22 @@ def low_byte_share(ids: list[int]) -> float:
 
 
 def prompts(tok) -> list[list[int]]:
-    chats = [tok.apply_chat_template([{"role": "user", "content": f"{i} + {i}"}], add_generation_prompt=True, tokenize=False)
-             for i in range(4)]
-    return [tok.encode(c, add_special_tokens=False) for c in chats]
+    chats = [[{"role": "user", "content": f"{i} + {i}"}] for i in range(4)]
+    texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
 def sample(sampler: LocalEngine, tok, seed: int, n: int = GROUP) -> list[Trajectory]:
-    reqs = [GenerationRequest(p, 8, rid=(i, j), seed=seed + 10 * i + j) for i, p in enumerate(prompts(tok)) for j in range(n)]
-    return [Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions, reward=low_byte_share(c.output_ids))
-            for c in generate(sampler, reqs)]
+    reqs = [GenerationRequest(p, 8, rid=(i, j), seed=seed + 10 * i + j)
+            for i, p in enumerate(prompts(tok)) for j in range(n)]
+    return [Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions,
+                       reward=low_byte_share(c.output_ids)) for c in generate(sampler, reqs)]
 
 
 def train(model, tok, *overrides: str) -> tuple[float, list[dict[str, float]]]:
     """(KL of the final policy to the initial one on its own fresh samples, each step's statistics)."""
-    cfg = load_config(None, ["actor.dtype=float32", "actor.optimizer.lr=1e-2", f"gconfig.n_samples={GROUP}", *overrides])
+    cfg = load_config(None, ["actor.dtype=float32", "actor.optimizer.lr=1e-2", f"gconfig.n_samples={GROUP}",
+                             *overrides])
     engine = TrainEngine(copy.deepcopy(model), cfg.actor, STEPS)
     sampler = LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
     history = []
@@ -66,7 +68,8 @@ def test_kl_ctl_keeps_the_policy_closer_to_the_reference_in_the_loss_and_in_the_
     free, _ = train(model, tok)
     in_loss, loss_history = train(model, tok, "actor.kl_ctl=1.0")
     # k1 in the reward: its score-function gradient is the KL's (algo/kl.py); k3 there pulls far less
-    in_reward, reward_history = train(model, tok, "actor.kl_ctl=1.0", "actor.kl_in_reward=true", "actor.kl_estimator=k1")
+    in_reward, reward_history = train(model, tok, "actor.kl_ctl=1.0", "actor.kl_in_reward=true",
+                                      "actor.kl_estimator=k1")
     # measured: 0.49 without the KL, 0.17 in the loss, 0.12 in the reward; before the fix the reward
     # mode trained exactly as kl_ctl = 0 did (0.49)
     assert free > 0.2, "the reward must move the policy for the comparison to mean anything"
@@ -80,12 +83,14 @@ def test_kl_ctl_keeps_the_policy_closer_to_the_reference_in_the_loss_and_in_the_
 def test_kl_in_reward_charges_each_sequence_its_summed_reference_kl(tiny):
     # stage 2 by hand: advantages = GRPO of (reward - kl_ctl * sum_t KL_t), KL_t = k3(b_t - ref_t)
     model, tok = tiny
-    cfg = load_config(None, ["actor.dtype=float32", "actor.kl_ctl=0.5", "actor.kl_in_reward=true", "actor.kl_estimator=k2"])
+    overrides = ["actor.dtype=float32", "actor.kl_ctl=0.5", "actor.kl_in_reward=true", "actor.kl_estimator=k2"]
+    cfg = load_config(None, overrides)
     engine = TrainEngine(copy.deepcopy(model), cfg.actor, 1)
     with torch.no_grad():  # a reference away from the sampler, so that the KL is not 0
         for p in engine.ref_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    trajs = sample(LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id], pad_id=tok.pad_token_id), tok, seed=7)
+    sampler = LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
+    trajs = sample(sampler, tok, seed=7)
     batch, stats = batch_with_advantages(cfg, engine, trajs, tok.pad_token_id)
 
     plain = collate(trajs, pad_id=tok.pad_token_id)

@@ -449,7 +449,7 @@ def test_garbage_on_masked_out_positions_changes_nothing(options, junk):
 
 
 def test_coupled_ppo_is_the_decoupled_loss_with_p_equal_b():
-    theta, p, b, adv = inputs([[1.1, 1.5, 0.5]], [[1.0, -1.0, 2.0]], weights=[[2.0, 0.5, 3.0]])
+    theta, _, b, adv = inputs([[1.1, 1.5, 0.5]], [[1.0, -1.0, 2.0]], weights=[[2.0, 0.5, 3.0]])
     mask = mt([1, 1, 1])
     coupled, terms = coupled_ppo_loss(theta, b, adv, mask)
     # with p = b, r = exp(theta - b) = 1.1 * 2, 1.5 * 0.5, 0.5 * 3 = 2.2, 0.75, 1.5 and w = 1

@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from conftest import actor_cfg
 
 import a3po.train.logprobs as logprobs_mod
 from a3po.algo import normalize_advantages, ppo_loss
@@ -18,7 +19,6 @@ from a3po.train.engine import TrainEngine, micro_batches, minibatches
 from a3po.train.logprobs import token_logp_entropy
 from a3po.train.schedule import lr_schedule
 from a3po.trajectories import Trajectory, collate
-from conftest import actor_cfg
 
 
 def fixed_batch(model, vocab, n=8, group=4, seed=1):
@@ -95,9 +95,12 @@ def test_micro_batching_does_not_change_the_update(tiny):
         eng = TrainEngine(copy.deepcopy(model), actor_cfg(f"actor.mb_spec.max_tokens_per_mb={budget}"), 4)
         grads = {}
         names = {id(p): n for n, p in eng.model.named_parameters()}
-        eng.optimizer.register_step_pre_hook(
-            lambda opt, *_: grads.update({names[id(p)]: p.grad.clone() for g in opt.param_groups for p in g["params"]
-                                          if p.grad is not None}))
+
+        def keep_grads(opt, *_, grads=grads, names=names):
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            grads.update({names[id(p)]: p.grad.clone() for p in params})
+
+        eng.optimizer.register_step_pre_hook(keep_grads)
         stats = eng.ppo_update(batch)
         results.append((grads, weights(eng.model), stats["loss/total"]))
     (g_big, w_big, l_big), (g_small, w_small, l_small) = results

@@ -26,7 +26,7 @@ _MODULE_OF = {
     "approx_error_stats": "stats", "loss_stats": "stats", "mismatch_stats": "stats", "staleness_stats": "stats",
 }
 
-__all__ = sorted(_MODULE_OF)
+__all__ = list(_MODULE_OF)
 
 
 def __getattr__(name: str):

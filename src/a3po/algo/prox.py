@@ -28,8 +28,8 @@ Deliberate deviations from the AReaL reference (1.0.4):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor

@@ -28,7 +28,7 @@ class StepBenchArgs:
     eta: int = 2
     out: str = "runs/bench-step"
 
-    def checked(self) -> "StepBenchArgs":
+    def checked(self) -> StepBenchArgs:
         """Self, or a ConfigError naming the first bad argument."""
         from a3po.config import ConfigError
 

@@ -188,9 +188,11 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path, "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
-        problems.append(("gconfig.n_samples", 1, "at least 2 for group-relative advantages, or set "
-                         "actor.adv_norm.mean_level=batch and actor.adv_norm.std_level=batch (or none)"))
+        problems.append(("gconfig.n_samples", 1, (
+            "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "
+            "and actor.adv_norm.std_level=batch (or none)")))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.std_level == "group":
-        problems.append(("actor.adv_norm.std_level", "group", "a group of one sample (gconfig.n_samples=1) has no "
-                         "spread to divide by; set actor.adv_norm.std_level=batch or none"))
+        problems.append(("actor.adv_norm.std_level", "group", (
+            "a group of one sample (gconfig.n_samples=1) has no spread to divide by; "
+            "set actor.adv_norm.std_level=batch or none")))
     return problems

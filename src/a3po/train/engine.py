@@ -32,7 +32,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from a3po.algo import LossTerms, approximation_errors, approx_error_stats, get_method, kl_penalty, loss_stats, mismatch_stats, ppo_loss, proximal_logp
+from a3po.algo import (
+    LossTerms,
+    approx_error_stats,
+    approximation_errors,
+    get_method,
+    kl_penalty,
+    loss_stats,
+    mismatch_stats,
+    ppo_loss,
+    proximal_logp,
+)
 from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
 from a3po.train.logprobs import token_logp_entropy
@@ -47,7 +57,7 @@ def native_bf16() -> bool:
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     try:
-        flags = open("/proc/cpuinfo").read()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags

@@ -146,11 +146,11 @@ class Trainer:
     def _idle_fractions(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         """Each worker's share of the time between two snapshots with nothing to generate."""
         out = {}
-        for key in after:
+        for key, idle in after.items():
             if key.startswith("idle_s/"):
                 w = key.split("/")[1]
                 alive = after[f"alive_s/{w}"] - before[f"alive_s/{w}"]
-                out[f"rollout/idle_frac/{w}"] = (after[key] - before[key]) / alive if alive > 0 else 0.0
+                out[f"rollout/idle_frac/{w}"] = (idle - before[key]) / alive if alive > 0 else 0.0
         fracs = list(out.values())
         out["rollout/idle_frac"] = sum(fracs) / len(fracs) if fracs else 0.0
         return out
