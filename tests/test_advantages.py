@@ -1,14 +1,12 @@
 """Rewards to advantages (a3po.algo.advantages): shaping, GRPO / Dr.GRPO / RLOO / batch
-normalisation, the per-token broadcast, and GAE.
+normalisation.
 
 What this file proves:
-- each estimator on hand-computed rewards (unbiased std, eps, leave-one-out baseline);
-- degenerate groups (size 1, all rewards equal) give 0, never NaN; bad shapes and level
-  names are refused;
-- reward shaping is (r + bias) * scaling then clip; per_token zeroes prompt and padding;
-- the batched reverse-scan GAE equals a plain-Python double loop on random inputs with
-  prompt tokens in front, padding behind and holes in the middle (hypothesis), and with
-  gamma = lam = 1 the advantage is return - value.
+- each estimator on hand-computed rewards (unbiased std, eps, leave-one-out baseline); with
+  group baselines a batch std is the std of the group-centred values;
+- degenerate groups (size 1, all rewards equal) give 0, never NaN, and a group of one under
+  a batch baseline is not divided by eps; bad shapes and level names are refused;
+- reward shaping is (r + bias) * scaling then clip.
 
 Run: .venv/bin/python -m pytest tests/test_advantages.py -q
 """
@@ -22,9 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from a3po.algo import gae, normalize_advantages, per_token, shape_rewards
-
-NAN = float("nan")
+from a3po.algo import normalize_advantages, shape_rewards
 
 
 def vec(*xs) -> torch.Tensor:
@@ -112,11 +108,13 @@ def test_batch_normalisation_ignores_groups():
     close(a, [-1.5 / s, -0.5 / s, 0.5 / s, 1.5 / s])
 
 
-def test_group_mean_with_batch_std():
-    # groups [1, 2], [3, 5] centred: [-0.5, 0.5, -1, 1]; batch std of [1, 2, 3, 5]:
-    # mean 2.75, sum sq dev = 3.0625 + 0.5625 + 0.0625 + 5.0625 = 8.75, / 3 -> sqrt(2.916667) = 1.707825
+def test_group_mean_with_batch_std_divides_by_the_spread_of_the_centred_values():
+    # groups [1, 2], [3, 5] centred on their means 1.5 and 4: [-0.5, 0.5, -1, 1]. The batch std is the
+    # std of these centred values: mean 0, sum sq = 0.25 + 0.25 + 1 + 1 = 2.5, / 3 -> sqrt(0.833333) = 0.912871
+    # (the raw rewards' batch std, sqrt(8.75 / 3) = 1.707825, would also count the spread between the groups'
+    # means, which the group baseline has already removed)
     a = normalize_advantages(vec(1.0, 2.0, 3.0, 5.0), group_size=2, mean_level="group", std_level="batch")
-    s = math.sqrt(8.75 / 3) + 1e-5
+    s = math.sqrt(2.5 / 3) + 1e-5
     close(a, [-0.5 / s, 0.5 / s, -1 / s, 1 / s])
 
 
@@ -127,6 +125,16 @@ def test_group_mean_with_batch_std():
 def test_group_of_one_gives_zero_not_nan(kwargs):
     a = normalize_advantages(vec(3.0, -2.0, 7.0), group_size=1, **kwargs)
     assert torch.equal(a, torch.zeros(3))
+
+
+def test_group_of_one_under_a_batch_baseline_is_not_divided():
+    # batch mean (3 - 2 + 7) / 3 = 8/3: centred [1/3, -14/3, 13/3]. A group of one has no spread, so its std
+    # counts as 1: A = c / (1 + eps). As 0 it divided by eps = 1e-5 and gave -466,667 and 433,333
+    a = normalize_advantages(vec(3.0, -2.0, 7.0), group_size=1, mean_level="batch", std_level="group")
+    s = 1 + 1e-5
+    close(a, [1 / 3 / s, -14 / 3 / s, 13 / 3 / s])
+    # the same for a batch of one sequence under a batch std, without a baseline: 3 / (1 + eps)
+    close(normalize_advantages(vec(3.0), group_size=1, mean_level="none", std_level="batch"), [3.0 / s])
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"std_level": "none"}, {"std_level": "none", "mean_leave1out": True}])
@@ -188,97 +196,3 @@ def test_grpo_all_equal_non_dyadic_group_gives_zero(value, n):
     # (0.7 x 8 gave 0.0059 each); the mean is taken in float64, where it is exact
     a = normalize_advantages(torch.full((n,), value), group_size=n)
     torch.testing.assert_close(a, torch.zeros(n), rtol=0, atol=1e-6)
-
-
-# ----------------------------------------------------------------------------- per-token broadcast
-
-
-def test_per_token_broadcasts_on_the_mask_and_zeros_elsewhere():
-    adv = vec(1.5, -2.0)
-    mask = torch.tensor([[False, True, True], [True, False, False]])
-    out = per_token(adv, mask)
-    assert torch.equal(out, torch.tensor([[0.0, 1.5, 1.5], [-2.0, 0.0, 0.0]]))
-    # NaN advantages on a sequence with no tokens stay off the grid
-    out = per_token(vec(NAN, 1.0), torch.tensor([[False, False], [True, True]]))
-    assert torch.equal(out, torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
-
-
-# ----------------------------------------------------------------------------- GAE
-
-
-def gae_reference(rewards, values, mask, gamma, lam):
-    """Plain Python: walk each sequence's masked tokens from the last to the first."""
-    advantages, returns = [], []
-    for r_row, v_row, m_row in zip(rewards, values, mask):
-        adv_row = [0.0] * len(r_row)
-        next_value, next_adv = 0.0, 0.0
-        for t in reversed(range(len(r_row))):
-            if not m_row[t]:
-                continue
-            delta = r_row[t] + gamma * next_value - v_row[t]
-            adv_row[t] = delta + gamma * lam * next_adv
-            next_value, next_adv = v_row[t], adv_row[t]
-        advantages.append(adv_row)
-        returns.append([a + v if m else 0.0 for a, v, m in zip(adv_row, v_row, m_row)])
-    return advantages, returns
-
-
-def test_gae_hand_example_gamma_one_lambda_one_is_return_minus_value():
-    # one prompt token, three generated, one padding; sequence reward 1 on the last token
-    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0]])
-    values = torch.tensor([[9.0, 0.5, 0.2, 0.7, 9.0]])
-    mask = torch.tensor([[False, True, True, True, False]])
-    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=1.0)
-    # return from every generated token is 1: A = 1 - V = 0.5, 0.8, 0.3
-    close(adv, [[0.0, 0.5, 0.8, 0.3, 0.0]])
-    close(ret, [[0.0, 1.0, 1.0, 1.0, 0.0]])
-
-
-def test_gae_hand_example_with_discount():
-    # gamma = 0.5, lam = 0.5, rewards [0, 1], values [1, 2]:
-    # t=1: delta = 1 + 0 - 2 = -1,              A_1 = -1
-    # t=0: delta = 0 + 0.5 * 2 - 1 = 0,         A_0 = 0 + 0.25 * -1 = -0.25
-    adv, ret = gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 2.0]]), torch.tensor([[True, True]]), 0.5, 0.5)
-    close(adv, [[-0.25, -1.0]])
-    close(ret, [[0.75, 1.0]])  # A + V
-
-
-def test_gae_skips_holes_in_the_mask():
-    # masked tokens 0 and 2 with a hole at 1 (a tool output, say); the hole's reward and value are ignored
-    # t=2: delta = 1 - 0.5 = 0.5, A = 0.5;  t=0: delta = 0 + 0.9 * 0.5 - 0.25 = 0.2, A = 0.2 + 0.9 * 0.5 * 0.5 = 0.425
-    adv, _ = gae(torch.tensor([[0.0, 100.0, 1.0]]), torch.tensor([[0.25, 100.0, 0.5]]),
-                 torch.tensor([[True, False, True]]), gamma=0.9, lam=0.5)
-    close(adv, [[0.425, 0.0, 0.5]])
-
-
-row_spec = st.tuples(
-    st.integers(min_value=0, max_value=3),  # prompt tokens in front
-    st.integers(min_value=0, max_value=6),  # generated tokens
-    st.integers(min_value=0, max_value=3),  # padding behind
-)
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    rows=st.lists(row_spec, min_size=1, max_size=4),
-    gamma=st.floats(min_value=0.0, max_value=1.0),
-    lam=st.floats(min_value=0.0, max_value=1.0),
-    seed=st.integers(min_value=0, max_value=2**16),
-    holes=st.booleans(),
-)
-def test_gae_matches_the_plain_python_loop(rows, gamma, lam, seed, holes):
-    T = max(sum(r) for r in rows) or 1
-    gen = torch.Generator().manual_seed(seed)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    for i, (n_prompt, n_gen, _) in enumerate(rows):
-        mask[i, n_prompt : n_prompt + n_gen] = True
-    if holes:  # multi-turn: some generated positions are not trained on
-        mask &= torch.rand(len(rows), T, generator=gen) > 0.3
-    rewards = torch.randn(len(rows), T, generator=gen)
-    values = torch.randn(len(rows), T, generator=gen)
-
-    adv, ret = gae(rewards, values, mask, gamma=gamma, lam=lam)
-    ref_adv, ref_ret = gae_reference(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam)
-    torch.testing.assert_close(adv, torch.tensor(ref_adv), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ret, torch.tensor(ref_ret), rtol=1e-5, atol=1e-5)
-    assert bool((adv[~mask] == 0).all()) and bool((ret[~mask] == 0).all())

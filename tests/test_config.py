@@ -94,7 +94,10 @@ def test_bad_override_names_key_value_and_what_is_allowed(override, needles):
     (["actor.loss_agg_norm=24"], ["actor.loss_agg_norm", "seq-mean-token-sum"]),
     (["actor.adv_norm.mean_leave1out=true", "actor.adv_norm.mean_level=batch"], ["mean_leave1out", "mean_level=group"]),
     (["train_dataset.task=file"], ["train_dataset.path", "task=file"]),
-    (["gconfig.n_samples=1"], ["gconfig.n_samples", "mean_level=batch"]),
+    (["gconfig.n_samples=1"], ["gconfig.n_samples", "mean_level=batch", "std_level=batch"]),
+    # what the line above tells users to set, half done: the group of one has no std to divide by
+    (["gconfig.n_samples=1", "actor.adv_norm.mean_level=batch"],
+     ["actor.adv_norm.std_level='group'", "std_level=batch or none"]),
 ])
 def test_inconsistent_combinations_are_refused(overrides, needles):
     msg = error_of(overrides)
@@ -105,6 +108,13 @@ def test_inconsistent_combinations_are_refused(overrides, needles):
 def test_coupled_loss_alone_is_fine_even_though_the_default_method_is_decoupled():
     cfg = load_config(None, ["actor.use_decoupled_loss=false"])
     assert cfg.actor.use_decoupled_loss is False
+
+
+@pytest.mark.parametrize("std_level", ["batch", "none"])
+def test_one_sample_per_prompt_with_batch_baseline_is_accepted(std_level):
+    overrides = ["gconfig.n_samples=1", "actor.adv_norm.mean_level=batch", f"actor.adv_norm.std_level={std_level}"]
+    cfg = load_config(None, overrides)
+    assert cfg.gconfig.n_samples == 1
 
 
 def test_reuse_with_one_minibatch_is_accepted():
@@ -131,7 +141,8 @@ def test_yaml_errors(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "a3po.cli", *args], capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "a3po.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_cli_bad_override_exits_2_with_one_line():
@@ -160,6 +171,30 @@ def test_cli_config_prints_loadable_yaml(tmp_path):
     p = tmp_path / "out.yaml"
     p.write_text(res.stdout)
     assert load_config(p).actor.prox_logp_method == "linear"
+
+
+def test_variant_names_come_from_one_list_each_read_without_torch():
+    from a3po.algo import variants
+    from a3po.bench.args import METHODS
+    from a3po.train.schedule import LR_SCHEDULES
+
+    keys = all_keys()
+    lists = {
+        "actor.prox_logp_method": variants.PROX_METHODS,
+        "actor.behav_imp_weight_mode": variants.BEHAV_WEIGHT_MODES,
+        "actor.importance_sampling_level": variants.IS_LEVELS,
+        "actor.loss_agg_mode": variants.AGG_MODES,
+        "actor.kl_estimator": variants.KL_ESTIMATORS,
+        "actor.adv_norm.mean_level": variants.ADV_NORM_LEVELS,
+        "actor.adv_norm.std_level": variants.ADV_NORM_LEVELS,
+        "actor.optimizer.lr_scheduler_type": tuple(LR_SCHEDULES),
+    }
+    for key, names in lists.items():
+        assert tuple(keys[key].metadata["choices"]) == names, key
+    assert set(METHODS) == set(variants.PROX_METHODS) - {"metrics"}
+    # the CLI (--help included) builds every choice list without paying torch's import
+    code = "import sys, a3po.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
 
 
 def test_readme_configuration_reference_is_current():

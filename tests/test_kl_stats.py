@@ -1,12 +1,10 @@
-"""KL estimators and entropy (a3po.algo.kl), masked reductions (a3po.algo.masked), and the
+"""KL estimators (a3po.algo.kl), masked reductions (a3po.algo.masked), and the
 per-step statistics (a3po.algo.stats).
 
 What this file proves:
 - k1, k2, k3 on x = +-log 2 by hand; k3 >= 0 everywhere (hypothesis); the gradient flows
   through theta only; NaN / -inf inputs give a finite estimate;
 - KL in the reward subtracts kl_ctl times each sequence's masked KL sum;
-- entropy is log V for uniform logits, 0 for a one-hot with -inf elsewhere, and matches
-  torch.distributions on random logits;
 - masked_min / masked_max / masked_mean on empty masks give 0, never NaN or an error;
 - loss_stats' keys and values on a hand example, and that prompt / padding positions never
   count (extreme values there change no statistic);
@@ -27,7 +25,6 @@ from hypothesis import strategies as st
 from a3po.algo import (
     approx_error_stats,
     approximation_errors,
-    entropy_from_logits,
     kl_in_reward,
     kl_penalty,
     loss_stats,
@@ -114,54 +111,6 @@ def test_kl_in_reward_subtracts_the_masked_sum():
     # the reward carries no gradient back into the KL
     kl_g = kl.clone().requires_grad_()
     assert not kl_in_reward(rewards, kl_g, mask, 0.5).requires_grad
-
-
-# ----------------------------------------------------------------------------- entropy
-
-
-def test_entropy_of_uniform_logits_is_log_v():
-    logits = torch.full((2, 3, 5), 1.7)  # (B, T, V)
-    h = entropy_from_logits(logits)
-    assert h.shape == (2, 3)
-    torch.testing.assert_close(h, torch.full((2, 3), math.log(5)))
-
-
-def test_entropy_of_a_one_hot_with_minus_inf_is_zero_not_nan():
-    logits = torch.tensor([[[0.0, -INF, -INF, -INF], [3.0, -INF, 3.0, -INF]]])
-    h = entropy_from_logits(logits)
-    assert not h.isnan().any()
-    # one hot: 0; two equal live logits: log 2
-    torch.testing.assert_close(h, torch.tensor([[0.0, math.log(2)]]))
-
-
-def test_entropy_matches_torch_distributions():
-    torch.manual_seed(5)
-    logits = 3 * torch.randn(3, 4, 7)
-    expected = torch.distributions.Categorical(logits=logits).entropy()
-    torch.testing.assert_close(entropy_from_logits(logits), expected, rtol=1e-5, atol=1e-6)
-
-
-def test_entropy_gradient_with_minus_inf_logits_is_finite():
-    # an entropy bonus on masked vocabularies (top-k / padded vocab set to -inf) must train.
-    # Regression: at 7a1ee9b torch.where hid p * logp = 0 * -inf in the forward only; the
-    # product's backward computed 0 * -inf = NaN, and log_softmax spread it over the row.
-    logits = torch.tensor([[0.0, -INF, 1.0]], requires_grad=True)
-    h = entropy_from_logits(logits)
-    h.sum().backward()
-    # H = -sum p log p over the two live logits; dH/dz_i = -p_i (log p_i + H), -inf logit: 0
-    p = torch.softmax(torch.tensor([0.0, 1.0]), -1)
-    H = -(p * p.log()).sum()
-    expected = -p * (p.log() + H)
-    torch.testing.assert_close(logits.grad, torch.tensor([[expected[0], 0.0, expected[1]]]))
-
-
-def test_entropy_gradient_with_finite_logits():
-    # control for the test above: dH/dz_i = -p_i (log p_i + H)
-    logits = torch.tensor([[0.0, 1.0]], requires_grad=True)
-    entropy_from_logits(logits).sum().backward()
-    p = torch.softmax(torch.tensor([0.0, 1.0]), -1)
-    H = -(p * p.log()).sum()
-    torch.testing.assert_close(logits.grad, (-p * (p.log() + H)).unsqueeze(0))
 
 
 # ----------------------------------------------------------------------------- masked reductions

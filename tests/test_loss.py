@@ -6,7 +6,8 @@ What this file proves, each on a tensor small enough to check with a pencil:
 - the dual clip bound -c A for A < 0 and large ratios;
 - the behaviour weight w = exp(p - b) is always applied, and the four cap modes
   (token/sequence x mask/truncate) drop or clamp it as documented;
-- GSPO's sequence-level ratio exp(mean_t(theta - p)) is shared by a sequence's tokens;
+- GSPO's sequence-level ratio exp(mean_t(theta - p)) and the mean of the sequence's
+  advantages are shared by its tokens; a token the token_mask cap drops enters neither mean;
 - M2PO drops the largest (b - p)^2 first until the rest's mean is under the threshold;
 - the three aggregation modes, empty sequences, an empty mask (0, not NaN), and that
   micro-batches given the whole minibatch's n_tokens / n_seqs sum to the whole loss;
@@ -208,6 +209,38 @@ def test_gspo_clips_the_whole_sequence():
     torch.testing.assert_close(loss, torch.tensor(-1.2, dtype=F64))
     with pytest.raises(ValueError, match="importance_sampling_level"):
         ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="batch")
+
+
+def test_gspo_gives_each_sequence_one_advantage_the_mean_of_its_tokens():
+    # one sequence of two tokens (a third, A = 99, is padding): A = [+1, -3] -> one advantage, the mean -1.
+    # log r = log 1.5 on both -> r = 1.5 > 1.2; with A = -1 the unclipped branch wins: s = max(1.5, 1.2) = 1.5
+    # on both tokens, loss = (1.5 + 1.5) / 2 = 1.5 = r, so d loss / d theta_t = d r / d theta_t = r / 2 = 0.75.
+    # (per-token A under the shared ratio gave max(-1.5, -1.2) = -1.2 and max(4.5, 3.6) = 4.5: loss 1.65,
+    # and gradient 3/2 * r / 2 = 1.125 on each token from the second token's term alone)
+    theta, p, b, adv = inputs([[1.5, 1.5, 1.5]], [[1.0, -3.0, 99.0]])
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1, 0]), importance_sampling_level="sequence")
+    torch.testing.assert_close(terms.pg, bt([1.5, 1.5, 0.0]))
+    assert not terms.clipped.any()
+    torch.testing.assert_close(loss, torch.tensor(1.5, dtype=F64))
+    loss.backward()
+    torch.testing.assert_close(theta.grad, bt([0.75, 0.75, 0.0]))
+
+
+def test_gspo_with_a_token_cap_drops_the_capped_token_before_the_sequence_mean():
+    # one sequence, A = 1: log r = [0.1, -0.1], w = [1, 4]; cap 3 with token_mask drops token 1.
+    # The sequence ratio averages the kept token only: r = exp(0.1) = 1.105171 for both tokens (averaging
+    # both, exp(0) = 1, let the dropped token move its sequence's ratio).
+    # pg = [-1 * 1.105171 * 1, 0]; the dropped token still counts in the token mean, as at token level:
+    # loss = -1.105171 / 2 = -0.552585; d loss / d theta_0 = -r / 2 = -0.552585, theta_1 gets nothing
+    theta, p, b, adv = inputs([[math.exp(0.1), math.exp(-0.1)]], [[1.0, 1.0]], weights=[[1.0, 4.0]])
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="sequence",
+                           behav_imp_weight_cap=3.0, behav_imp_weight_mode="token_mask")
+    r = math.exp(0.1)
+    torch.testing.assert_close(terms.ratio, bt([r, r]))
+    assert terms.capped.tolist() == [[False, True]]
+    torch.testing.assert_close(loss, torch.tensor(-r / 2, dtype=F64))
+    loss.backward()
+    torch.testing.assert_close(theta.grad, bt([-r / 2, 0.0]))
 
 
 # ----------------------------------------------------------------------------- M2PO
@@ -416,7 +449,7 @@ def test_garbage_on_masked_out_positions_changes_nothing(options, junk):
 
 
 def test_coupled_ppo_is_the_decoupled_loss_with_p_equal_b():
-    theta, p, b, adv = inputs([[1.1, 1.5, 0.5]], [[1.0, -1.0, 2.0]], weights=[[2.0, 0.5, 3.0]])
+    theta, _, b, adv = inputs([[1.1, 1.5, 0.5]], [[1.0, -1.0, 2.0]], weights=[[2.0, 0.5, 3.0]])
     mask = mt([1, 1, 1])
     coupled, terms = coupled_ppo_loss(theta, b, adv, mask)
     # with p = b, r = exp(theta - b) = 1.1 * 2, 1.5 * 0.5, 0.5 * 3 = 2.2, 0.75, 1.5 and w = 1

@@ -11,13 +11,14 @@ import copy
 
 import pytest
 import torch
+from conftest import actor_cfg
 
 import a3po.train.logprobs as logprobs_mod
 from a3po.algo import normalize_advantages, ppo_loss
 from a3po.train.engine import TrainEngine, micro_batches, minibatches
 from a3po.train.logprobs import token_logp_entropy
+from a3po.train.schedule import lr_schedule
 from a3po.trajectories import Trajectory, collate
-from conftest import actor_cfg
 
 
 def fixed_batch(model, vocab, n=8, group=4, seed=1):
@@ -94,9 +95,12 @@ def test_micro_batching_does_not_change_the_update(tiny):
         eng = TrainEngine(copy.deepcopy(model), actor_cfg(f"actor.mb_spec.max_tokens_per_mb={budget}"), 4)
         grads = {}
         names = {id(p): n for n, p in eng.model.named_parameters()}
-        eng.optimizer.register_step_pre_hook(
-            lambda opt, *_: grads.update({names[id(p)]: p.grad.clone() for g in opt.param_groups for p in g["params"]
-                                          if p.grad is not None}))
+
+        def keep_grads(opt, *_, grads=grads, names=names):
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            grads.update({names[id(p)]: p.grad.clone() for p in params})
+
+        eng.optimizer.register_step_pre_hook(keep_grads)
         stats = eng.ppo_update(batch)
         results.append((grads, weights(eng.model), stats["loss/total"]))
     (g_big, w_big, l_big), (g_small, w_small, l_small) = results
@@ -156,6 +160,17 @@ def test_stats_of_a_step(tiny):
     two = TrainEngine(copy.deepcopy(model), actor_cfg("actor.ppo_n_minibatches=2"), 4).ppo_update(batch)
     # the second minibatch sees weights one optimizer step past the behaviour policy
     assert two["loss/ratio_max"] - two["loss/ratio_min"] > 1e-4
+
+
+def test_lr_schedules_hand_values():
+    # total 6 steps, warm-up 2: (s + 1) / 2 for s = 0, 1, then progress (s - 2) / 4 through the decay
+    assert [lr_schedule("constant", 6, 2)(s) for s in range(7)] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert [lr_schedule("linear", 6, 2)(s) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    # cosine: 0.5 (1 + cos(pi p)) at p = 0, 1/4, 1/2, 3/4, 1 -> 1, 0.853553, 0.5, 0.146447, 0
+    cosine = [lr_schedule("cosine", 6, 2)(s) for s in range(2, 7)]
+    assert cosine == pytest.approx([1.0, 0.5 + 0.5 ** 1.5, 0.5, 0.5 - 0.5 ** 1.5, 0.0], abs=1e-12)
+    with pytest.raises(ValueError, match="constant, linear, cosine"):
+        lr_schedule("step", 6, 2)
 
 
 def test_save_load_round_trips_and_resume_equals_uninterrupted(tiny, tmp_path):

@@ -1,31 +1,41 @@
 """The algorithm core: pure functions over (B, T) tensors, no model, no config object.
 
+    variants.py    the names of every variant (prox methods, cap modes, IS levels, ...), torch-free
     prox.py        proximal log-probs: recompute, loglinear (A-3PO), linear, reuse, metrics
     loss.py        decoupled PPO loss (clipping, dual clip, behaviour-weight cap, GSPO, M2PO)
     masked.py      masked reductions and the loss aggregation modes
-    advantages.py  reward shaping, GRPO / Dr.GRPO / RLOO / batch normalisation, GAE
-    kl.py          KL estimators k1/k2/k3, KL in reward, entropy
+    advantages.py  reward shaping, GRPO / Dr.GRPO / RLOO / batch normalisation
+    kl.py          KL estimators k1/k2/k3, KL in reward
     stats.py       per-step statistics, one flat documented namespace
+
+The names below are imported from their modules on first use (PEP 562), so that importing
+`a3po.algo.variants`, as the config schema and `a3po --help` do, does not import torch.
 """
 
-from a3po.algo.advantages import gae, normalize_advantages, per_token, shape_rewards
-from a3po.algo.kl import entropy_from_logits, kl_in_reward, kl_penalty
-from a3po.algo.loss import LossTerms, coupled_ppo_loss, ppo_loss
-from a3po.algo.masked import aggregate, masked_mean, masked_sum
-from a3po.algo.prox import (
-    PROX_METHODS,
-    approximation_errors,
-    get_method,
-    interpolation_weight,
-    proximal_logp,
-    staleness,
-)
-from a3po.algo.stats import approx_error_stats, loss_stats, mismatch_stats, staleness_stats
+from __future__ import annotations
 
-__all__ = [
-    "PROX_METHODS", "LossTerms", "aggregate", "approx_error_stats", "approximation_errors",
-    "coupled_ppo_loss", "entropy_from_logits", "gae", "get_method", "interpolation_weight",
-    "kl_in_reward", "kl_penalty", "loss_stats", "masked_mean", "mismatch_stats", "masked_sum",
-    "normalize_advantages", "per_token", "ppo_loss", "proximal_logp", "shape_rewards",
-    "staleness", "staleness_stats",
-]
+import importlib
+
+_MODULE_OF = {
+    "normalize_advantages": "advantages", "shape_rewards": "advantages",
+    "kl_in_reward": "kl", "kl_penalty": "kl",
+    "LossTerms": "loss", "coupled_ppo_loss": "loss", "ppo_loss": "loss",
+    "aggregate": "masked", "masked_mean": "masked", "masked_sum": "masked",
+    "PROX_METHODS": "prox", "approximation_errors": "prox", "get_method": "prox",
+    "interpolation_weight": "prox", "proximal_logp": "prox", "staleness": "prox",
+    "approx_error_stats": "stats", "loss_stats": "stats", "mismatch_stats": "stats", "staleness_stats": "stats",
+}
+
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'a3po.algo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"a3po.algo.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})

@@ -1,4 +1,4 @@
-"""Rewards to advantages: reward shaping, group/batch normalisation, RLOO, GAE.
+"""Rewards to advantages: reward shaping, group/batch normalisation, RLOO.
 
 A batch holds B sequences, `group_size` consecutive ones per prompt. The estimators
 are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_level`,
@@ -8,9 +8,12 @@ are the composable normalisation of AReaL's `adv_norm` (keys `mean_level`, `std_
     Dr.GRPO   mean_level=group  std_level=none    A_i = r_i - mean_g
     RLOO      mean_level=group  std_level=none    A_i = r_i - mean_{g, j != i}  (mean_leave1out)
     batch     mean_level=batch  std_level=batch   A_i = (r_i - mean_B) / (std_B + eps)
+    mixed     mean_level=group  std_level=batch   A_i = c_i / (std_B(c) + eps),  c_i = r_i - mean_g
 
-std is the unbiased sample standard deviation (0 for a group of one). `gae` is the
-per-token estimator for a learned critic (Schulman et al. 2016, Eq. 16).
+std is the unbiased sample standard deviation of the centred values c over the std_level
+(1, i.e. no division, for a group of one), so the advantages have unit spread where they are divided: a batch
+std of the raw rewards would also count the spread between group means, which the group
+baseline removed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-LEVELS = ("group", "batch", "none")
+from a3po.algo import variants
+from a3po.algo.variants import implements, lookup
 
 
 def shape_rewards(rewards: Tensor, scaling: float = 1.0, bias: float = 0.0, clip: float | None = None) -> Tensor:
@@ -27,10 +31,20 @@ def shape_rewards(rewards: Tensor, scaling: float = 1.0, bias: float = 0.0, clip
     return out if clip is None else out.clamp(-clip, clip)
 
 
-def _centre(r: Tensor, level: str, leave1out: bool) -> Tensor:
+def _groups(x: Tensor, group_size: int) -> Tensor:
+    return x.view(-1, group_size)  # (G, n)
+
+
+def _batch(x: Tensor, group_size: int) -> Tensor:
+    return x.view(1, -1)  # (1, B)
+
+
+# actor.adv_norm.mean_level / std_level: the rows a statistic runs along; none skips the statistic
+LEVELS = implements({"group": _groups, "batch": _batch, "none": None}, variants.ADV_NORM_LEVELS)
+
+
+def _centre(r: Tensor, leave1out: bool) -> Tensor:
     """r (G, n) minus its baseline along the last axis."""
-    if level == "none":
-        return r
     n = r.shape[-1]
     total = r.sum(-1, keepdim=True)
     if leave1out and n > 1:
@@ -38,9 +52,11 @@ def _centre(r: Tensor, level: str, leave1out: bool) -> Tensor:
     return r - total / n
 
 
-def _std(r: Tensor) -> Tensor:
-    n = r.shape[-1]
-    return r.std(-1, keepdim=True) if n > 1 else torch.zeros_like(r[..., :1])
+def _std(c: Tensor) -> Tensor:
+    """Unbiased std of c (G, n) along the last axis; 1 (no division) for n = 1: one sample has
+    no spread, and dividing by a zero std would turn any nonzero value into value / eps."""
+    n = c.shape[-1]
+    return c.std(-1, keepdim=True) if n > 1 else torch.ones_like(c[..., :1])
 
 
 def normalize_advantages(
@@ -52,53 +68,16 @@ def normalize_advantages(
     eps: float = 1e-5,
 ) -> Tensor:
     """Sequence-level advantages (B,) from sequence rewards."""
-    for name, level in (("mean_level", mean_level), ("std_level", std_level)):
-        if level not in LEVELS:
-            raise ValueError(f"unknown adv_norm.{name} {level!r}; allowed: {', '.join(LEVELS)}")
+    mean_rows = lookup(LEVELS, mean_level, "adv_norm.mean_level")
+    std_rows = lookup(LEVELS, std_level, "adv_norm.std_level")
     B = rewards.shape[0]
     if B % group_size:
         raise ValueError(f"batch of {B} sequences is not a whole number of groups of {group_size}")
     r = rewards.double()  # in float64 a group of equal float32 rewards has exactly their value as mean
-    grouped = r.view(B // group_size, group_size)  # (G, n)
-    flat = r.view(1, B)  # (1, B)
-
-    centred = _centre(grouped if mean_level == "group" else flat, mean_level, mean_leave1out).reshape(B)
-    if std_level == "none":
-        return centred.float()
-    std = _std(grouped if std_level == "group" else flat)  # (G, 1) or (1, 1)
-    std = std.expand(-1, group_size if std_level == "group" else B).reshape(B)
-    return (centred / (std + eps)).float()
-
-
-def per_token(adv: Tensor, mask: Tensor) -> Tensor:
-    """Broadcast sequence advantages (B,) onto the generated tokens (B, T)."""
-    return torch.where(mask.bool(), adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype))
-
-
-def gae(
-    rewards: Tensor,  # (B, T) per-token rewards (a sequence reward sits on its last token)
-    values: Tensor,  # (B, T) critic values V(s_t)
-    mask: Tensor,  # (B, T) bool; tokens outside it are skipped and get 0
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """(advantages, returns), both (B, T).
-
-    delta_t = r_t + gamma V_{t'} - V_t and A_t = delta_t + gamma lam A_{t'}, where t' is
-    the next masked token of the same sequence (V = A = 0 after the last one).
-    Written as one reverse scan over T with batched ops.
-    """
-    mask = mask.bool()
-    B, T = rewards.shape
-    adv = torch.zeros_like(rewards, dtype=torch.float32)
-    next_value = torch.zeros(B, dtype=torch.float32, device=rewards.device)
-    next_adv = torch.zeros(B, dtype=torch.float32, device=rewards.device)
-    for t in reversed(range(T)):
-        m = mask[:, t]
-        delta = rewards[:, t].float() + gamma * next_value - values[:, t].float()
-        a = delta + gamma * lam * next_adv
-        adv[:, t] = torch.where(m, a, torch.zeros_like(a))
-        next_value = torch.where(m, values[:, t].float(), next_value)
-        next_adv = torch.where(m, a, next_adv)
-    returns = torch.where(mask, adv + values.float(), torch.zeros_like(adv))
-    return adv, returns
+    c = r if mean_rows is None else _centre(mean_rows(r, group_size), mean_leave1out).reshape(B)
+    if std_rows is None:
+        return c.float()
+    # the spread of what is divided: with group baselines and a batch std, the raw rewards' batch
+    # std would also count the differences between group means that the baseline removed
+    rows = std_rows(c, group_size)  # (G, n) or (1, B)
+    return (rows / (_std(rows) + eps)).reshape(B).float()

@@ -12,8 +12,12 @@ Per generated token t, with theta = current log-prob (grad), p = proximal, b = b
     loss = aggregate(s_t w_t) - entropy_coef * aggregate(H_t) + kl_coef * aggregate(KL_t)
 
 Options beyond the plain objective:
-- importance_sampling_level="sequence" (GSPO, arXiv 2507.18071): r is the geometric mean
-  of the sequence's token ratios, exp(mean_t(theta_t - p_t)), shared by its tokens.
+- importance_sampling_level="sequence" (GSPO, arXiv 2507.18071): the sequence is the unit
+  of the trust region. r is the geometric mean of its token ratios, exp(mean_t(theta_t - p_t)),
+  and A the mean of its tokens' advantages (GSPO's one advantage per sequence; the same as
+  A_t when advantages are per sequence, as GRPO's are), both shared by its tokens: a token
+  keeping its own A_t under the shared r would be clipped on its own sign of A_t. Both means
+  run over the tokens that count, so a token that token_mask drops enters neither.
 - m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
   largest first, until the mean of the rest is at most the threshold.
 
@@ -33,11 +37,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from a3po.algo import variants
 from a3po.algo.masked import aggregate, masked_mean
+from a3po.algo.variants import implements, lookup
 
 LOG_RATIO_LIMIT = 20.0
-BEHAV_WEIGHT_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate")
-IS_LEVELS = ("token", "sequence")
 
 
 @dataclass
@@ -78,32 +82,57 @@ def m2po_keep_mask(logp_behav: Tensor, logp_prox: Tensor, mask: Tensor, m2_thres
     return out
 
 
+@dataclass(frozen=True)
+class CapMode:
+    """What `behav_imp_weight_cap` does to a behaviour weight above it."""
+
+    per_sequence: bool  # the weight is the sequence's geometric mean, shared by its tokens
+    drop: bool  # drop the token (w = 0) rather than clamp w to the cap
+
+
+# behav_imp_weight_mode
+CAP_MODES: dict[str, CapMode] = implements({
+    "token_mask": CapMode(per_sequence=False, drop=True),
+    "token_truncate": CapMode(per_sequence=False, drop=False),
+    "sequence_mask": CapMode(per_sequence=True, drop=True),
+    "sequence_truncate": CapMode(per_sequence=True, drop=False),
+}, variants.BEHAV_WEIGHT_MODES)
+
+
+def _sequence_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Each sequence's masked mean of x (B, T), on every position of the sequence (B, T)."""
+    return masked_mean(x, mask, dim=-1).unsqueeze(-1).expand_as(x)
+
+
+def _per_token(x: Tensor, mask: Tensor) -> Tensor:
+    return x
+
+
+# importance_sampling_level: how log r and A are pooled before the surrogate
+IS_LEVELS = implements({"token": _per_token, "sequence": _sequence_mean}, variants.IS_LEVELS)
+
+
 def behaviour_weight(
-    logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, cap: float | None, mode: str
+    logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, cap: float | None, mode: CapMode
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(w before cap, w applied, capped) per token; everything detached."""
     log_w = _safe_log_ratio(logp_prox, logp_behav).detach()
-    level, _, action = mode.partition("_")
-    if level == "sequence":
-        log_w = masked_mean(log_w, mask, dim=-1).unsqueeze(-1).expand_as(log_w)  # (B, T)
-    elif level != "token":
-        raise ValueError(f"unknown behav_imp_weight_mode {mode!r}; allowed: {', '.join(BEHAV_WEIGHT_MODES)}")
+    if mode.per_sequence:
+        log_w = _sequence_mean(log_w, mask)
     w = torch.exp(log_w)
     if cap is None:
         return w, w, torch.zeros_like(mask)
     capped = (w > cap) & mask
-    if action == "mask":
+    if mode.drop:
         return w, torch.where(capped, torch.zeros_like(w), w), capped
-    if action == "truncate":
-        return w, w.clamp(max=cap), capped
-    raise ValueError(f"unknown behav_imp_weight_mode {mode!r}; allowed: {', '.join(BEHAV_WEIGHT_MODES)}")
+    return w, w.clamp(max=cap), capped
 
 
 def ppo_loss(
     logp_theta: Tensor,  # (B, T) current policy, carries the gradient
     logp_prox: Tensor,  # (B, T) proximal policy, no gradient
     logp_behav: Tensor,  # (B, T) behaviour policy from the inference engine
-    adv: Tensor,  # (B, T) per-token advantages
+    adv: Tensor,  # (B, T) per-token advantages (averaged per sequence at the sequence level)
     mask: Tensor,  # (B, T) bool, generated tokens that count
     *,
     eps_clip: float = 0.2,
@@ -122,7 +151,12 @@ def ppo_loss(
     kl: Tensor | None = None,  # (B, T) per-token KL to a reference policy (see kl.py)
     kl_coef: float = 0.0,
 ) -> tuple[Tensor, LossTerms]:
-    """Scalar decoupled PPO loss and its per-token diagnostics."""
+    """Scalar decoupled PPO loss and its per-token diagnostics.
+
+    At importance_sampling_level="sequence" (GSPO) each sequence trains with one ratio and one
+    advantage, the means of log r_t and of A_t over its tokens that count: per-token advantages
+    under a shared ratio would let each token's own sign of A_t decide whether it is clipped.
+    """
     mask = mask.bool()
     zero = torch.zeros((), dtype=logp_theta.dtype, device=logp_theta.device)
     theta = torch.where(mask, logp_theta, zero)
@@ -137,15 +171,18 @@ def ppo_loss(
         m2_dropped = mask & ~kept
         mask = kept
 
-    # 2. Trust-region ratio r = pi_theta / pi_prox, per token or per sequence (GSPO).
-    log_r = _safe_log_ratio(theta, prox)
-    if importance_sampling_level == "sequence":
-        log_r = masked_mean(log_r, mask, dim=-1).unsqueeze(-1).expand_as(log_r)  # (B, T)
-    elif importance_sampling_level != "token":
-        raise ValueError(f"unknown importance_sampling_level {importance_sampling_level!r}; allowed: token, sequence")
-    ratio = torch.exp(log_r)
+    # 2. Behaviour importance weight w = pi_prox / pi_behav, capped.
+    cap_mode = lookup(CAP_MODES, behav_imp_weight_mode, "behav_imp_weight_mode")
+    w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, cap_mode)
 
-    # 3. Clipped surrogate s_t, with the optional dual clip for negative advantages.
+    # 3. Trust-region ratio r = pi_theta / pi_prox and advantage, per token or per sequence (GSPO). A token
+    #    the cap drops on its own leaves the sequence mean too: it must not move what its neighbours train with.
+    pool = lookup(IS_LEVELS, importance_sampling_level, "importance_sampling_level")
+    in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
+    ratio = torch.exp(pool(_safe_log_ratio(theta, prox), in_mean))
+    adv = torch.where(mask, pool(adv, in_mean), zero)
+
+    # 4. Clipped surrogate s_t, with the optional dual clip for negative advantages, times w_t.
     eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
     pg_unclipped = -adv * ratio
     pg_clipped = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
@@ -156,9 +193,6 @@ def ppo_loss(
         bound = -adv * c_clip
         dual_clipped = (adv < 0) & (pg > bound) & mask
         pg = torch.where(dual_clipped, bound, pg)
-
-    # 4. Behaviour importance weight w = pi_prox / pi_behav, capped.
-    w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, behav_imp_weight_mode)
     pg = pg * w
 
     # 5. Aggregate, then the optional entropy bonus and KL penalty.

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+from a3po.algo import variants
+from a3po.algo.variants import implements, lookup
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -49,6 +50,34 @@ def masked_max(x: Tensor, mask: Tensor) -> Tensor:
     return x[mask].max()
 
 
+def _token_mean(x: Tensor, mask: Tensor, norm: float, n_tokens: int | None, n_seqs: int | None) -> Tensor:
+    denom = mask.sum().item() if n_tokens is None else n_tokens
+    return masked_sum(x, mask) / max(denom, 1)
+
+
+def _mean_over_sequences(per_seq: Tensor, mask: Tensor, n_seqs: int | None) -> Tensor:
+    """Mean of per_seq (B,) over the sequences with a token (or the minibatch's n_seqs)."""
+    has_tokens = mask.any(-1)
+    denom = has_tokens.sum().item() if n_seqs is None else n_seqs
+    return torch.where(has_tokens, per_seq, torch.zeros_like(per_seq)).sum() / max(denom, 1)
+
+
+def _seq_mean_token_mean(x: Tensor, mask: Tensor, norm: float, n_tokens: int | None, n_seqs: int | None) -> Tensor:
+    return _mean_over_sequences(masked_mean(x, mask, dim=-1), mask, n_seqs)
+
+
+def _seq_mean_token_sum(x: Tensor, mask: Tensor, norm: float, n_tokens: int | None, n_seqs: int | None) -> Tensor:
+    return _mean_over_sequences(masked_sum(x, mask, dim=-1) / norm, mask, n_seqs)
+
+
+# actor.loss_agg_mode
+AGGREGATORS = implements({
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+}, variants.AGG_MODES)
+
+
 def aggregate(
     x: Tensor,  # (B, T)
     mask: Tensor,  # (B, T) bool
@@ -58,17 +87,4 @@ def aggregate(
     n_seqs: int | None = None,
 ) -> Tensor:
     """Reduce a per-token loss to a scalar as `mode` prescribes (see module docstring)."""
-    if mode == "token-mean":
-        denom = mask.sum().item() if n_tokens is None else n_tokens
-        return masked_sum(x, mask) / max(denom, 1)
-    seq_len = mask.sum(-1)  # (B,)
-    has_tokens = seq_len > 0
-    denom = has_tokens.sum().item() if n_seqs is None else n_seqs
-    seq_sum = masked_sum(x, mask, dim=-1)  # (B,)
-    if mode == "seq-mean-token-mean":
-        per_seq = seq_sum / seq_len.clamp(min=1).to(x.dtype)
-    elif mode == "seq-mean-token-sum":
-        per_seq = seq_sum / norm
-    else:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; allowed: {', '.join(AGG_MODES)}")
-    return torch.where(has_tokens, per_seq, torch.zeros_like(per_seq)).sum() / max(denom, 1)
+    return lookup(AGGREGATORS, mode, "loss aggregation mode")(x, mask, norm, n_tokens, n_seqs)

@@ -13,8 +13,8 @@ staleness d = v - version(token):
 
 so a token sampled by the previous version (d = 1) gets p = b, i.e. coupled PPO.
 
-Methods live in one table, `PROX_METHODS`; `proximal_logp` is the only place a
-method's name is looked up.
+Methods live in one table, `PROX_METHODS`, keyed by the names in variants.py;
+`get_method` is the only place a method's name is looked up.
 
 Deliberate deviations from the AReaL reference (1.0.4):
 - loglinear is evaluated as (1 - lambda) * b + lambda * theta with lambda = 0 taken
@@ -28,11 +28,14 @@ Deliberate deviations from the AReaL reference (1.0.4):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
+
+from a3po.algo import variants
+from a3po.algo.variants import implements, lookup
 
 
 def staleness(versions: Tensor, current_version: int) -> Tensor:
@@ -99,13 +102,13 @@ def _reuse(logp_behav, logp_theta, lam, logp_recomputed):
     return logp_theta.detach()
 
 
-PROX_METHODS: dict[str, ProxMethod] = {
+PROX_METHODS: dict[str, ProxMethod] = implements({
     "recompute": ProxMethod("recompute", True, False, False, _recompute),
     "loglinear": ProxMethod("loglinear", False, False, False, _loglinear),
     "linear": ProxMethod("linear", False, False, False, _linear),
     "reuse": ProxMethod("reuse", False, True, False, _reuse),
     "metrics": ProxMethod("metrics", True, False, True, _recompute),
-}
+}, variants.PROX_METHODS)
 
 # Approximations compared against the recomputed truth in `metrics` mode. "behav" is
 # coupled PPO's choice p = b, the baseline every approximation should beat.
@@ -117,10 +120,7 @@ APPROXIMATIONS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
 
 
 def get_method(name: str) -> ProxMethod:
-    try:
-        return PROX_METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown prox_logp_method {name!r}; allowed: {', '.join(PROX_METHODS)}") from None
+    return lookup(PROX_METHODS, name, "prox_logp_method")
 
 
 def proximal_logp(

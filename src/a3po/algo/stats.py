@@ -11,6 +11,8 @@ padding never count):
     loss/m2_dropped_frac          share of tokens removed by M2PO
     loss/approx_kl                mean of p_t - theta_t (k1 estimate of KL(pi_prox || pi_theta))
     loss/entropy                  mean per-token entropy of pi_theta
+    loss/kl_ref                   with actor.kl_ctl > 0: mean per-token KL estimate (actor.kl_estimator) to the
+                                  reference, of pi_theta in the loss, of pi_behav in the reward (kl_in_reward)
     stale/mean, stale/max         d_t = v - version_t over generated tokens
     stale/frac_d<k>               share of generated tokens with d_t = k, for every k = 0..eta
     mismatch/abs_mean, _abs_max   |theta_t - b_t| on tokens with d_t = 0 (sampled by the very weights

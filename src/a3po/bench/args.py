@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-METHODS = ("recompute", "loglinear", "linear", "reuse")  # bench step's proximal methods
+from a3po.algo.variants import PROX_METHODS
+
+# bench step's proximal methods: every way of getting p; metrics is recompute plus error bookkeeping
+METHODS = tuple(m for m in PROX_METHODS if m != "metrics")
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics")  # bench e2e's arms, defined in e2e.py
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
@@ -25,7 +28,7 @@ class StepBenchArgs:
     eta: int = 2
     out: str = "runs/bench-step"
 
-    def checked(self) -> "StepBenchArgs":
+    def checked(self) -> StepBenchArgs:
         """Self, or a ConfigError naming the first bad argument."""
         from a3po.config import ConfigError
 

@@ -3,7 +3,9 @@
 Defaults live here and nowhere else; the embedded default run (`a3po train` with no
 arguments) is exactly these defaults. Key names follow AReaL's where AReaL has one
 (`actor.prox_logp_method`, `rollout.max_head_offpolicyness`, `gconfig.n_samples`, ...)
-so that its users need not relearn them. Each field's `help` is shown by
+so that its users need not relearn them. The names of the algorithm's variants
+(`choices` of prox_logp_method, behav_imp_weight_mode, ...) are read from their one
+list each in a3po.algo.variants and a3po.train.schedule. Each field's `help` is shown by
 `a3po train --help`; `choices` and the bounds `ge/gt/le/lt` are enforced at load time
 by `a3po.config.load`, which also checks the combinations in `check_consistency`.
 """
@@ -12,6 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from a3po.algo import variants
+from a3po.train.schedule import LR_SCHEDULES
 
 
 def opt(default: Any, help: str, **rules: Any) -> Any:
@@ -26,9 +31,6 @@ def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 
 
-PROX_LOGP_METHODS = ("recompute", "loglinear", "linear", "reuse", "metrics")
-
-
 @dataclass
 class OptimizerConfig:
     lr: float = opt(2e-5, "AdamW learning rate", gt=0)
@@ -37,14 +39,14 @@ class OptimizerConfig:
     beta2: float = opt(0.999, "AdamW beta2", ge=0, lt=1)
     eps: float = opt(1e-8, "AdamW epsilon", gt=0)
     warmup_steps_proportion: float = opt(0.0, "share of total_train_steps spent in linear warm-up", ge=0, le=1)
-    lr_scheduler_type: str = opt("constant", "learning-rate schedule after warm-up", choices=("constant", "linear", "cosine"))
+    lr_scheduler_type: str = opt("constant", "learning-rate schedule after warm-up", choices=tuple(LR_SCHEDULES))
     gradient_clipping: float = opt(1.0, "clip the global gradient norm to this value (0 disables)", ge=0)
 
 
 @dataclass
 class NormConfig:
-    mean_level: str = opt("group", "baseline subtracted from rewards: group mean (GRPO), batch mean, or none", choices=("group", "batch", "none"))
-    std_level: str = opt("group", "divide by the std of the group (GRPO), of the batch, or none (Dr.GRPO, RLOO)", choices=("group", "batch", "none"))
+    mean_level: str = opt("group", "baseline subtracted from rewards: group mean (GRPO), batch mean, or none", choices=variants.ADV_NORM_LEVELS)
+    std_level: str = opt("group", "divide by the std of the group (GRPO), of the batch, or none (Dr.GRPO, RLOO)", choices=variants.ADV_NORM_LEVELS)
     mean_leave1out: bool = opt(False, "leave-one-out baseline within the group (RLOO)")
     eps: float = opt(1e-5, "added to the std before dividing", gt=0)
 
@@ -60,27 +62,25 @@ class ActorConfig:
     dtype: str = opt("auto", "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); false = coupled PPO/GRPO")
-    prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO", choices=PROX_LOGP_METHODS)
+    prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO", choices=variants.PROX_METHODS)
     eps_clip: float = opt(0.2, "PPO clip range below 1 (and above 1 unless eps_clip_higher is set)", gt=0, lt=1)
     eps_clip_higher: float | None = opt(None, "PPO clip range above 1 (asymmetric clip); null = eps_clip", gt=0)
     c_clip: float | None = opt(None, "dual-clip bound for negative advantages; null disables", gt=1)
     behav_imp_weight_cap: float | None = opt(5.0, "cap on the behaviour importance weight exp(p - b); null disables", gt=1)
-    behav_imp_weight_mode: str = opt("token_mask", "what the cap does: drop (mask) or clamp (truncate), per token or per sequence", choices=("token_mask", "token_truncate", "sequence_mask", "sequence_truncate"))
-    importance_sampling_level: str = opt("token", "trust-region ratio per token (PPO) or per sequence (GSPO)", choices=("token", "sequence"))
+    behav_imp_weight_mode: str = opt("token_mask", "what the cap does: drop (mask) or clamp (truncate), per token or per sequence", choices=variants.BEHAV_WEIGHT_MODES)
+    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO) or per sequence (GSPO: the means over its tokens)", choices=variants.IS_LEVELS)
     m2_threshold: float | None = opt(None, "M2PO: drop tokens until the second moment of log(p/b) is below this; null disables", gt=0)
-    loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
+    loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=variants.AGG_MODES)
     loss_agg_norm: float = opt(1.0, "constant divisor for seq-mean-token-sum (Dr.GRPO uses max_new_tokens)", gt=0)
     ppo_n_minibatches: int = opt(1, "optimizer steps per training batch (the batch is split into this many minibatches)", ge=1)
     kl_ctl: float = opt(0.0, "coefficient of the KL to the reference (initial) policy; 0 disables", ge=0)
-    kl_estimator: str = opt("k3", "KL estimator", choices=("k1", "k2", "k3"))
-    kl_in_reward: bool = opt(False, "subtract the KL from the reward instead of adding it to the loss")
+    kl_estimator: str = opt("k3", "KL estimator (algo/kl.py); k1 is the one whose penalty in the reward has the KL's gradient", choices=variants.KL_ESTIMATORS)
+    kl_in_reward: bool = opt(False, "charge the KL to the reward instead of the loss: each sequence's shaped reward loses kl_ctl x its summed per-token KL of the behaviour policy to the reference, before the advantages are computed")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient", ge=0)
     reward_scaling: float = opt(1.0, "rewards become (r + reward_bias) * reward_scaling")
     reward_bias: float = opt(0.0, "added to rewards before scaling")
     reward_clip: float | None = opt(None, "clip shaped rewards to [-reward_clip, reward_clip]; null disables", gt=0)
     adv_norm: NormConfig = section(NormConfig, "advantage normalisation")
-    discount: float = opt(1.0, "GAE discount gamma (critic-based advantages)", ge=0, le=1)
-    gae_lambda: float = opt(1.0, "GAE lambda (critic-based advantages)", ge=0, le=1)
     mb_spec: MicroBatchConfig = section(MicroBatchConfig, "micro-batching")
     optimizer: OptimizerConfig = section(OptimizerConfig, "optimizer")
 
@@ -188,5 +188,11 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path, "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
-        problems.append(("gconfig.n_samples", 1, "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch"))
+        problems.append(("gconfig.n_samples", 1, (
+            "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "
+            "and actor.adv_norm.std_level=batch (or none)")))
+    if cfg.gconfig.n_samples == 1 and a.adv_norm.std_level == "group":
+        problems.append(("actor.adv_norm.std_level", "group", (
+            "a group of one sample (gconfig.n_samples=1) has no spread to divide by; "
+            "set actor.adv_norm.std_level=batch or none")))
     return problems

@@ -10,6 +10,10 @@ One training step (`ppo_update`) reads top to bottom:
      decoupled PPO loss, backward; then grad-norm clipping and one optimizer step;
   3. version += 1, and statistics.
 
+With actor.kl_ctl > 0 a frozen copy of the initial weights is the reference policy. Its KL
+is added to the loss per token, or with actor.kl_in_reward charged to the rewards through
+`reference_kl`, which the trainer calls before it computes advantages (train/loop.py).
+
 Weights stay fp32 (master copy); with dtype=bfloat16 the forward/backward run under
 autocast, about 3x faster on CPUs with AMX/AVX512-BF16 (docs/design.md §8) but 10-16x slower on
 AVX2-only CPUs, hence dtype=auto. Log-probs are computed only on output
@@ -28,7 +32,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from a3po.algo import LossTerms, approximation_errors, approx_error_stats, get_method, kl_penalty, loss_stats, mismatch_stats, ppo_loss, proximal_logp
+from a3po.algo import (
+    LossTerms,
+    approx_error_stats,
+    approximation_errors,
+    get_method,
+    kl_penalty,
+    loss_stats,
+    mismatch_stats,
+    ppo_loss,
+    proximal_logp,
+)
 from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
 from a3po.train.logprobs import token_logp_entropy
@@ -43,7 +57,7 @@ def native_bf16() -> bool:
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     try:
-        flags = open("/proc/cpuinfo").read()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
@@ -131,6 +145,20 @@ class TrainEngine:
             out[rows, : logp.shape[1]] = logp.float()
         return out
 
+    @torch.no_grad()
+    def reference_kl(self, batch: TrainBatch) -> Tensor:
+        """Per-token KL estimate (B, T) to the reference policy on the sampled tokens, 0 elsewhere:
+        what actor.kl_in_reward charges each sequence's reward.
+
+        It compares the behaviour log-probs with the reference's: the tokens were drawn from pi_behav,
+        so the estimator is the one for KL(pi_behav || pi_ref), and the only forward pass is the
+        reference's (micro-batched like compute_logp).
+        """
+        if self.ref_model is None:
+            raise ValueError("no reference model: actor.kl_ctl is 0")
+        kl = kl_penalty(batch.logp_behav, self.compute_logp(batch, self.ref_model), self.cfg.kl_estimator)
+        return torch.where(batch.loss_mask, kl, torch.zeros((), dtype=kl.dtype))
+
     # -- one training step ----------------------------------------------------------------
 
     def ppo_update(self, batch: TrainBatch) -> dict[str, float]:
@@ -208,6 +236,8 @@ class TrainEngine:
             # the weights: theta and b there differ only by train/rollout numerics
             "fresh": m[m] & (mb.versions[m] == v) & first_minibatch, "behav": mb.logp_behav[m],
         }
+        if kl is not None:
+            piece["kl_ref"] = kl.detach()[m]
         if self.method is not None and self.method.reports_errors:
             errs = approximation_errors(logp_recomputed, mb.logp_behav, logp, mb.versions, v)
             piece["errors"] = {name: {k: getattr(e, k)[m] for k in ("abs", "rel", "sq", "iw")} for name, e in errs.items()}
@@ -236,6 +266,8 @@ class TrainEngine:
         out["train/n_tokens"] = float(mask.sum())
         out["loss/total"] = float(sum(p["loss"] for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
         out.update(mismatch_stats(cat("logp"), cat("behav"), cat("fresh")))
+        if "kl_ref" in pieces[0]:  # the KL in the loss; in the reward it is logged where it is computed
+            out["loss/kl_ref"] = float(cat("kl_ref").mean())
         if "errors" in pieces[0]:
             errs = {name: ApproxErrors(**{k: torch.cat([p["errors"][name][k] for p in pieces])[None] for k in ("abs", "rel", "sq", "iw")})
                     for name in pieces[0]["errors"]}

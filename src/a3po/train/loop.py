@@ -2,7 +2,8 @@
 
     1. take this version's prompt groups from the rollout controller (controller.py), in
        slot order, waiting only if they are not finished yet;
-    2. advantages: shaped rewards -> group-relative advantages (algorithm core);
+    2. advantages: shaped rewards (less the KL to the reference with actor.kl_in_reward)
+       -> group-relative advantages (algorithm core);
     3. PPO update on the batch (train/engine.py): version v -> v + 1;
     4. weight sync: once every worker holds v, publish v + 1 in shared memory;
     5. statistics for this step.
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from a3po.algo import normalize_advantages, shape_rewards, staleness_stats
+from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rewards, staleness_stats
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
@@ -28,7 +27,28 @@ from a3po.rollout.pool import WorkerPool
 from a3po.sync import SharedWeights
 from a3po.train.controller import Controller
 from a3po.train.engine import TrainEngine
-from a3po.trajectories import Trajectory, collate
+from a3po.trajectories import TrainBatch, Trajectory, collate
+
+
+def batch_with_advantages(cfg: Config, engine: TrainEngine, trajs: list[Trajectory],
+                          pad_id: int) -> tuple[TrainBatch, dict[str, float]]:
+    """Stage 2: the padded batch with its advantages, and the statistics of the KL in the reward.
+
+    With actor.kl_in_reward each shaped reward loses kl_ctl x its sequence's summed per-token KL
+    to the reference (algo/kl.py) before the group normalisation, so the advantages see it.
+    """
+    a = cfg.actor
+    batch = collate(trajs, pad_id=pad_id)
+    rewards = shape_rewards(batch.rewards, a.reward_scaling, a.reward_bias, a.reward_clip)
+    stats: dict[str, float] = {}
+    if a.kl_in_reward and a.kl_ctl > 0:
+        t0 = time.perf_counter()
+        kl = engine.reference_kl(batch)
+        rewards = kl_in_reward(rewards, kl, batch.loss_mask, a.kl_ctl)
+        stats = {"loss/kl_ref": float(masked_mean(kl, batch.loss_mask)), "perf/ref_kl_s": time.perf_counter() - t0}
+    adv = normalize_advantages(rewards, cfg.gconfig.n_samples, a.adv_norm.mean_level, a.adv_norm.std_level,
+                               a.adv_norm.mean_leave1out, a.adv_norm.eps)
+    return batch.with_advantages(adv), stats
 
 
 class RewardFailureError(RuntimeError):
@@ -57,7 +77,7 @@ class Trainer:
     # -- the step ---------------------------------------------------------------------------
 
     def step(self) -> dict[str, float]:
-        cfg, a, ctl = self.cfg, self.cfg.actor, self.controller
+        cfg, ctl = self.cfg, self.controller
         v = self.engine.version
         eta = cfg.rollout.max_head_offpolicyness
         t_step = time.perf_counter()
@@ -80,16 +100,13 @@ class Trainer:
         if v - oldest > eta:
             raise StalenessError(f"a token of version {oldest} reached training at version {v} (eta={eta})")
 
-        # 2. Advantages from shaped rewards, group-relative (algorithm core).
+        # 2. Advantages from shaped rewards (less the KL to the reference with kl_in_reward), group-relative.
         before_train = ctl.snapshot()
-        raw = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-        shaped = shape_rewards(raw, a.reward_scaling, a.reward_bias, a.reward_clip)
-        adv = normalize_advantages(shaped, cfg.gconfig.n_samples, a.adv_norm.mean_level, a.adv_norm.std_level,
-                                   a.adv_norm.mean_leave1out, a.adv_norm.eps)
-        batch = collate(trajs, adv, self.pad_id)
+        batch, adv_stats = batch_with_advantages(cfg, self.engine, trajs, self.pad_id)
+        raw = batch.rewards
 
         # 3. PPO update: version v -> v + 1.
-        stats = self.engine.ppo_update(batch)
+        stats = self.engine.ppo_update(batch) | adv_stats
         after_train = ctl.snapshot()
 
         # 4. Weight sync: every worker must have loaded v before v + 1 overwrites the buffer.
@@ -129,11 +146,11 @@ class Trainer:
     def _idle_fractions(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         """Each worker's share of the time between two snapshots with nothing to generate."""
         out = {}
-        for key in after:
+        for key, idle in after.items():
             if key.startswith("idle_s/"):
                 w = key.split("/")[1]
                 alive = after[f"alive_s/{w}"] - before[f"alive_s/{w}"]
-                out[f"rollout/idle_frac/{w}"] = (after[key] - before[key]) / alive if alive > 0 else 0.0
+                out[f"rollout/idle_frac/{w}"] = (idle - before[key]) / alive if alive > 0 else 0.0
         fracs = list(out.values())
         out["rollout/idle_frac"] = sum(fracs) / len(fracs) if fracs else 0.0
         return out

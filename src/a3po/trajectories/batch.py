@@ -9,7 +9,7 @@ anything else (docs/design.md §2: versions stay aligned with log-probs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -54,7 +54,12 @@ class TrainBatch:
     def n_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
-    def select(self, rows: Tensor | list[int]) -> "TrainBatch":
+    def with_advantages(self, advantages: Tensor) -> TrainBatch:
+        """This batch with sequence advantages (B,) spread over each sequence's output tokens."""
+        adv = advantages.float()[:, None]
+        return replace(self, advantages=torch.where(self.loss_mask, adv, torch.zeros((), dtype=adv.dtype)))
+
+    def select(self, rows: Tensor | list[int]) -> TrainBatch:
         """The given rows, trimmed to their longest sequence (tight padding)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         length = int(self.attention_mask[rows].sum(-1).max()) if len(rows) else 0
@@ -81,13 +86,13 @@ def collate(trajs: list[Trajectory], advantages: Tensor | None = None, pad_id: i
         loss_mask[i, p : p + n] = True
         logp[i, p : p + n] = torch.tensor(t.output_logprobs, dtype=torch.float32)
         versions[i, p : p + n] = torch.tensor(t.output_versions, dtype=torch.long)
-    adv = torch.zeros(B) if advantages is None else advantages.float()
-    return TrainBatch(
+    batch = TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         loss_mask=loss_mask,
         logp_behav=logp,
         versions=versions,
-        advantages=torch.where(loss_mask, adv[:, None], torch.zeros(())),
+        advantages=torch.zeros(B, T),
         rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
     )
+    return batch if advantages is None else batch.with_advantages(advantages)

@@ -1,0 +1,36 @@
+"""The names of the algorithm's variants, one tuple each, and the one way a name is looked up.
+
+These tuples are the only list of each variant's names: the config schema's `choices`,
+`a3po bench` and `a3po --help` read them, and the tables that implement the variants
+(prox.py, loss.py, masked.py, kl.py, advantages.py) are keyed by them and checked against
+them at import by `implements`. They sit beside those tables rather than in them because
+the tables' modules import torch, which would add two seconds to every `a3po` command,
+`--help` included; this module imports nothing. (The learning-rate schedules need no
+torch, so their table in train/schedule.py is itself the list.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROX_METHODS = ("recompute", "loglinear", "linear", "reuse", "metrics")  # actor.prox_logp_method (prox.py)
+BEHAV_WEIGHT_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate")  # loss.py
+IS_LEVELS = ("token", "sequence")  # actor.importance_sampling_level (loss.py)
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # actor.loss_agg_mode (masked.py)
+KL_ESTIMATORS = ("k1", "k2", "k3")  # actor.kl_estimator (kl.py)
+ADV_NORM_LEVELS = ("group", "batch", "none")  # actor.adv_norm.mean_level / std_level (advantages.py)
+
+
+def implements(table: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """`table`, after checking that its keys are exactly `names`, in order (run at import)."""
+    if tuple(table) != names:
+        raise ImportError(f"a variant table implements {tuple(table)}, but its names are {names}")
+    return table
+
+
+def lookup(table: dict[str, Any], name: str, key: str) -> Any:
+    """table[name], or a ValueError naming the config key and what it allows."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {key} {name!r}; allowed: {', '.join(table)}") from None
