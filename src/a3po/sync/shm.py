@@ -25,7 +25,3 @@ class SharedWeights:
     def publish(self, state: Mapping[str, Tensor]) -> None:
         for name, value in state.items():
             self.tensors[name].copy_(value)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())

@@ -64,6 +64,3 @@ def truncate_after(path: Path, step: int) -> None:
             continue  # a line cut short by a crash
     path.write_text("".join(line + "\n" for line in kept))
 
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
