@@ -30,6 +30,15 @@ def engine_for(model, tok, **kw):
     return LocalEngine(model, eos_token_ids=[tok.eos_token_id], decode=tok.decode, pad_id=tok.pad_token_id, **kw)
 
 
+def perturbed(model):
+    """A copy of `model` with every weight moved a little: the 'next version' of an in-flight update."""
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return new
+
+
 def batch_of(completions):
     return collate([Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions) for c in completions])
 
@@ -83,10 +92,7 @@ def test_requests_join_while_others_run(tiny):
 
 def test_in_flight_update_switches_version_mid_sequence(tiny):
     model, tok = tiny
-    new_model = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in new_model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    new_model = perturbed(model)
     reqs = [GenerationRequest(p, 16, rid=i, seed=i, temperature=1.0) for i, p in enumerate(prompts(tok, 4))]
     e = engine_for(copy.deepcopy(model), tok, max_batch=4)
     for r in reqs:
@@ -115,10 +121,7 @@ def test_in_flight_update_switches_version_mid_sequence(tiny):
 
 def test_keep_kv_update_labels_each_token_by_the_weights_that_computed_its_logits(tiny):
     model, tok = tiny
-    new_model = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in new_model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    new_model = perturbed(model)
     ps = prompts(tok, 4)
 
     def run(reprefill: bool):
