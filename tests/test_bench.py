@@ -44,10 +44,14 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
     for s in rec["steps"]:
         assert s["step_n"] == 2 and 0 < s["step_min_s"] <= s["step_median_s"] <= s["step_max_s"]
         assert s["fwd_bwd_s"] > 0 and s["optimizer_s"] > 0
-        if s["method"] == "recompute":
+        # the batch fits one micro-batch per minibatch: one training forward per minibatch, plus
+        # the proximal pass for recompute only (counted by a forward hook, not inferred from time)
+        extra = s["method"] == "recompute"
+        assert s["forwards"] == s["minibatches"] + extra, s
+        if extra:
             assert s["prox_logp_s"] > 0 and s["speedup_vs_recompute"] == 1.0
         else:
-            assert s["prox_logp_s"] < 1e-3 and s["speedup_vs_recompute"] > 0
+            assert s["prox_logp_s"] == 0 and s["speedup_vs_recompute"] > 0
     prox = {p["method"]: p for p in rec["prox"]}
     assert set(prox) == {"recompute (forward pass)", "loglinear", "linear"}
     assert prox["loglinear"]["time_n"] >= 50 and prox["loglinear"]["speedup_vs_forward"] > 1
@@ -91,7 +95,7 @@ def test_bench_e2e_every_arm_trains_with_the_same_seeds_and_steps(e2e_run):
     assert all(runs[a]["stale_max"] <= 2 for a in runs)
     # only the recomputing arms pay a forward pass for the proximal log-probs
     assert runs["recompute"]["prox_s_per_step"] > 0 and runs["metrics"]["prox_s_per_step"] > 0
-    assert all(runs[a]["prox_s_per_step"] < 1e-3 for a in ("sync", "loglinear", "linear", "reuse"))
+    assert all(runs[a]["prox_s_per_step"] == 0 for a in ("sync", "loglinear", "linear", "reuse"))
     # the arms' configurations differ only in the keys each arm names
     cfgs = rec["configs"]
     base = cfgs["loglinear-seed1"]

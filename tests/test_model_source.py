@@ -17,7 +17,6 @@ Run: .venv/bin/python -m pytest tests/test_model_source.py -q        (add -m "no
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -203,10 +202,8 @@ def test_dir_without_config_is_a_one_line_error(tmp_path):
 def test_unknown_hub_id_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import otherwise
-    start = time.perf_counter()
     with pytest.raises(ModelSourceError) as err:
         load_policy("a3po-nobody/no-such-model")
-    assert time.perf_counter() - start < 10
     assert_one_line(err, "a3po-nobody/no-such-model", "hub", "tiny", "smollm2-135m-instruct", "local")
 
 
@@ -250,20 +247,19 @@ def test_interrupted_conversion_leaves_no_cache(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_converts_once_then_loads_from_cache():
-    """Uses the real cache (conversion ≈ 30-40 s the first time on this machine, ≈ 1 s after)."""
-    start = time.perf_counter()
+def test_smollm2_converts_once_then_loads_from_cache(monkeypatch, tmp_path):
+    """An empty cache, so the GGUF really is converted (about 30-40 s on a 2-core machine)."""
+    monkeypatch.setenv("A3PO_CACHE", str(tmp_path))
+    conversions = []
+    real_convert = source._convert_gguf
+    monkeypatch.setattr(source, "_convert_gguf", lambda gguf, out: (conversions.append(gguf), real_convert(gguf, out)))
     model, tok = load_policy("smollm2-135m-instruct")
-    first = time.perf_counter() - start
-    start = time.perf_counter()
     model2, _ = load_policy("smollm2-135m-instruct")
-    cached = time.perf_counter() - start
-    print(f"smollm2: first load {first:.1f} s, cached load {cached:.1f} s")
-    assert cached < 10
+    assert len(conversions) == 1  # the second load read the cache
     assert_same_weights(model, model2)
     del model2
-    folder = cache_dir() / "models"
-    assert [p.name for p in folder.iterdir() if p.name.startswith(".smollm2")] == []  # no leftovers
+    folder = tmp_path / "models"
+    assert [p.name for p in folder.iterdir()] == ["smollm2-135m-instruct"]  # no temporary folder left behind
 
     assert 130e6 < model.num_parameters() < 140e6
     assert model.config.vocab_size == len(tok) == 49152

@@ -93,11 +93,13 @@ def run(args: StepBenchArgs) -> dict:
     progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
              f"(+{args.warmup} warm-up), {args.threads} thread(s), {dtype}; writing to {out}")
 
-    samples: dict = {a: {"step": [], "prox": [], "train": [], "optimizer": []} for a in arms}
+    samples: dict = {a: {"step": [], "prox": [], "train": [], "optimizer": [], "forwards": []} for a in arms}
     warm = batch.select([0])
     for rep in range(-args.warmup, args.repeats):
         for arm in arms:
             engine = fresh_engine(arm)
+            forwards = []  # counted, not timed: which arms pay the proximal pass is a fact, not a measurement
+            engine.model.base_model.register_forward_hook(lambda *_: forwards.append(1))
             t0 = time.perf_counter()
             stats = engine.ppo_update(warm if rep < 0 else batch)
             dt = time.perf_counter() - t0
@@ -110,6 +112,7 @@ def run(args: StepBenchArgs) -> dict:
                 s["prox"].append(stats["perf/prox_logp_s"])
                 s["train"].append(stats["perf/train_s"])
                 s["optimizer"].append(stats["perf/optimizer_s"])
+                s["forwards"].append(len(forwards))
 
     steps = []
     for method, m in arms:
@@ -119,6 +122,7 @@ def run(args: StepBenchArgs) -> dict:
         steps.append({
             "method": method, "minibatches": m, **spread(s["step"], "step"),
             "prox_logp_s": statistics.median(s["prox"]),
+            "forwards": max(s["forwards"]),  # model forward passes in one step (every micro-batch counts)
             "fwd_bwd_s": statistics.median(t - o for t, o in zip(s["train"], s["optimizer"])),
             "optimizer_s": statistics.median(s["optimizer"]),
             "other_s": statistics.median(st - t - p for st, t, p in zip(s["step"], s["train"], s["prox"])),
@@ -155,13 +159,15 @@ def markdown(r: dict) -> str:
         f"median of {a['repeats']} repeats after {a['warmup']} warm-up; staleness 0..{a['eta']}; torch {r['torch']}; "
         f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end.",
         "",
-        "| prox method | minibatches | step (s) | min..max | prox forward (s) | fwd/bwd (s) | optimizer (s) | prox share | recompute / this |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| prox method | minibatches | step (s) | min..max | forward passes | prox forward (s) | fwd/bwd (s) "
+        "| optimizer (s) | prox share | recompute / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["steps"]:
         sp = f"{s['speedup_vs_recompute']:.2f}x" if s["speedup_vs_recompute"] else "-"
-        lines.append(f"| {s['method']} | {s['minibatches']} | {s['step_median_s']:.2f} | {s['step_min_s']:.2f}..{s['step_max_s']:.2f} "
-                     f"| {s['prox_logp_s']:.2f} | {s['fwd_bwd_s']:.2f} | {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} |")
+        lines.append(f"| {s['method']} | {s['minibatches']} | {s['step_median_s']:.2f} "
+                     f"| {s['step_min_s']:.2f}..{s['step_max_s']:.2f} | {s['forwards']} | {s['prox_logp_s']:.2f} "
+                     f"| {s['fwd_bwd_s']:.2f} | {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} |")
     lines += ["", "### Proximal log-probs alone, same batch", "",
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:

@@ -167,9 +167,11 @@ class TrainEngine:
         stats: dict[str, float] = {}
 
         # 1. Proximal log-probs that cost a forward pass of version v.
-        t0 = time.perf_counter()
-        logp_recomputed = self.compute_logp(batch) if self.method and self.method.needs_recompute else None
-        stats["perf/prox_logp_s"] = time.perf_counter() - t0
+        logp_recomputed, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
+        if self.method and self.method.needs_recompute:
+            t0 = time.perf_counter()
+            logp_recomputed = self.compute_logp(batch)
+            stats["perf/prox_logp_s"] = time.perf_counter() - t0
 
         # 2. One optimizer step per minibatch, gradients accumulated over micro-batches.
         t0 = time.perf_counter()
