@@ -159,21 +159,6 @@ def test_keep_kv_update_labels_each_token_by_the_weights_that_computed_its_logit
     assert (new[late.loss_mask] - late.logp_behav[late.loss_mask]).abs().max() < 1e-4
 
 
-def test_pause_holds_generation_and_resume_continues(tiny):
-    model, tok = tiny
-    e = engine_for(model, tok)
-    e.submit(GenerationRequest(prompts(tok, 1)[0], 3, seed=0))
-    e.pause()
-    for _ in range(5):
-        assert e.step() == []
-    assert e.num_pending == 1
-    e.resume()
-    out = []
-    while e.num_pending:
-        out += e.step()
-    assert len(out) == 1 and len(out[0].output_ids) <= 3
-
-
 def test_stop_string_and_length_finish_reasons(tiny):
     model, tok = tiny
     p = prompts(tok, 1)[0]

@@ -53,11 +53,6 @@ class RolloutEngine(Protocol):
     def update_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         """Load new weights; sequences in flight continue on them, tagged with `version`."""
 
-    def pause(self) -> None:
-        """Stop advancing generation (requests stay queued or in flight)."""
-
-    def resume(self) -> None: ...
-
     @property
     def num_pending(self) -> int:
         """Requests queued or in flight."""

@@ -69,7 +69,6 @@ class LocalEngine:
         self.pad_id = pad_id
         self.version = version
         self.reprefill_on_update = reprefill_on_update
-        self.paused = False
         self._seed = seed
         self._n_seen = 0
         self._waiting: deque[GenerationRequest] = deque()
@@ -93,12 +92,6 @@ class LocalEngine:
             raise ValueError(f"request {request.rid!r} has an empty prompt")
         self._waiting.append(request)
 
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-
     @torch.no_grad()
     def update_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         own = self.model.state_dict()
@@ -114,8 +107,6 @@ class LocalEngine:
 
     @torch.no_grad()
     def step(self) -> list[Completion]:
-        if self.paused:
-            return []
         self._admit()
         if not self._running:
             return []
