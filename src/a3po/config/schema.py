@@ -101,6 +101,7 @@ class RolloutConfig:
     max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or queued in a worker); null = as many as the bound allows, (eta + 1) x batch_size, capped at 1024 sequences", ge=1)
     n_workers: int = opt(1, "rollout worker processes", ge=1)
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
+    lend_idle_cores: bool = opt(True, "while no rollout worker has a prompt in flight (held back by the staleness bound, or between steps at eta=0), the trainer computes with their threads too")
     dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
     weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv (keep the KV cache older weights computed and continue with the new weights; log-probs stay exact, only the prefix is of older weights) or reprefill (recompute their KV cache with the new weights: exact, but one prefill of every running sequence per version)", choices=("reprefill", "keep_kv"))
     stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports anything for this long", gt=0)

@@ -62,6 +62,10 @@ class WorkerPool:
     def group_finished(self, worker_id: int) -> None:
         self.running[worker_id] -= 1
 
+    def idle(self) -> bool:
+        """No worker has a group in flight (read without a lock: a stale answer costs one layer's work)."""
+        return not any(self.running)
+
     def load_weights(self, version: int) -> None:
         for q in self.inboxes:
             q.put(LoadWeights(version))

@@ -27,6 +27,7 @@ from a3po.models import ModelSourceError, load_policy
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
 from a3po.sync import SharedWeights
 from a3po.train.checkpoint import latest_checkpoint, load_run_state, save_checkpoint
+from a3po.train.cores import CoreLender
 from a3po.train.engine import TrainEngine
 from a3po.train.evaluate import evaluate
 from a3po.train.loop import RewardFailureError, StalenessError, Trainer
@@ -79,7 +80,6 @@ def _train(cfg: Config, resume: str | None) -> int:
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
-    torch.set_num_threads(trainer_threads)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
     engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature)
 
@@ -101,6 +101,11 @@ def _train(cfg: Config, resume: str | None) -> int:
         f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
     weights = SharedWeights(engine.weights())
     pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
+    lender = CoreLender(trainer_threads, cfg.rollout.n_workers * per_worker if cfg.rollout.lend_idle_cores else 0,
+                        pool.idle)
+    for m in (engine.model, engine.ref_model):
+        if m is not None:
+            lender.attach(m)
     sinks = None
     trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
     eval_reward = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
@@ -127,6 +132,7 @@ def _train(cfg: Config, resume: str | None) -> int:
                 stats.update(evaluate(engine.model, tok, data.eval, eval_reward, cfg))
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
+            stats["perf/borrowed_frac"] = lender.borrowed_frac()
             sinks.log(step, stats)
             history.append({"step": step, **stats})
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
