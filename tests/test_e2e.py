@@ -145,5 +145,5 @@ def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
     res = a3po(*TINY, *args, cwd=tmp_path, timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]
-    lines = [l for l in res.stderr.strip().splitlines() if l.strip()]
+    lines = [line for line in res.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr

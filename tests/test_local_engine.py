@@ -11,13 +11,13 @@ import copy
 import math
 
 import torch
+from conftest import actor_cfg
 
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.sampling import draw, sampling_logp
 from a3po.train.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
-from conftest import actor_cfg
 
 
 def prompts(tok, n):

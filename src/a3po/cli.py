@@ -49,7 +49,15 @@ def _csv(kind):
 
 
 def _add_bench_parsers(sub) -> None:
-    from a3po.bench.args import ARM_NAMES, METHODS, ROLLOUT_DTYPES, STALENESS_ARMS, RolloutBenchArgs, StalenessArgs, StepBenchArgs
+    from a3po.bench.args import (
+        ARM_NAMES,
+        METHODS,
+        ROLLOUT_DTYPES,
+        STALENESS_ARMS,
+        RolloutBenchArgs,
+        StalenessArgs,
+        StepBenchArgs,
+    )
 
     bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side (step, rollout, e2e, staleness)",
                            description="Benchmarks whose ratios are measured side by side in one run.")

@@ -45,7 +45,7 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
     g = torch.Generator().manual_seed(seed)
     v = args.eta
     trajs = []
-    for i in range(args.batch):
+    for _ in range(args.batch):
         versions = [v - (j % (args.eta + 1)) for j in range(args.output_len)]
         trajs.append(Trajectory(prompt_ids=torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist(),
                                 output_ids=torch.randint(0, vocab, (args.output_len,), generator=g).tolist(),
@@ -99,7 +99,7 @@ def run(args: StepBenchArgs) -> dict:
         for arm in arms:
             engine = fresh_engine(arm)
             forwards = []  # counted, not timed: which arms pay the proximal pass is a fact, not a measurement
-            engine.model.base_model.register_forward_hook(lambda *_: forwards.append(1))
+            engine.model.base_model.register_forward_hook(lambda *_, forwards=forwards: forwards.append(1))
             t0 = time.perf_counter()
             stats = engine.ppo_update(warm if rep < 0 else batch)
             dt = time.perf_counter() - t0
