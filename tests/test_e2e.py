@@ -63,7 +63,8 @@ def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
 
 
 def test_synchronous_run_trains_only_on_fresh_tokens(tmp_path):
-    res = a3po(*TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24", cwd=tmp_path)
+    res = a3po(*TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24",
+               cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     steps = train_steps(metrics(tmp_path / "runs" / "tiny"))
     assert len(steps) == 4

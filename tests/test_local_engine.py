@@ -22,7 +22,8 @@ from a3po.trajectories import Trajectory, collate
 
 def prompts(tok, n):
     texts = [f"What is {i} + {i + 3}?" for i in range(n)]
-    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False) for t in texts]
+    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+             for t in texts]
     return [tok.encode(c, add_special_tokens=False) for c in chats]
 
 

@@ -105,7 +105,8 @@ def run(args: StepBenchArgs) -> dict:
             dt = time.perf_counter() - t0
             del engine  # one engine (weights, grads, AdamW state) alive at a time
             tag = "warm-up" if rep < 0 else f"repeat {rep + 1}/{args.repeats}"
-            progress(f"  {arm[0]:<10} minibatches={arm[1]} {tag}: step {dt:.2f} s, prox {stats['perf/prox_logp_s']:.2f} s")
+            progress(f"  {arm[0]:<10} minibatches={arm[1]} {tag}: step {dt:.2f} s, "
+                     f"prox {stats['perf/prox_logp_s']:.2f} s")
             if rep >= 0:
                 s = samples[arm]
                 s["step"].append(dt)
@@ -172,7 +173,8 @@ def markdown(r: dict) -> str:
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:
         sp = f"{p['speedup_vs_forward']:,.0f}x" if p["speedup_vs_forward"] else "-"
-        lines.append(f"| {p['method']} | {fmt_s(p['time_median_s'])} | {fmt_s(p['time_min_s'])}..{fmt_s(p['time_max_s'])} | {sp} |")
+        lines.append(f"| {p['method']} | {fmt_s(p['time_median_s'])} "
+                     f"| {fmt_s(p['time_min_s'])}..{fmt_s(p['time_max_s'])} | {sp} |")
     return "\n".join(lines) + "\n"
 
 
