@@ -26,4 +26,5 @@ train: install
 	$(BIN)/a3po train $(ARGS)
 
 test: install
+	$(BIN)/python -m ruff check src tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -74,5 +74,6 @@ def test_default_concurrency_is_what_the_bound_allows_with_a_memory_cap():
     assert max_running_groups(cfg) == 36  # (8 + 1) x 4
     cfg = load_config(None, ["rollout.max_head_offpolicyness=8", "rollout.max_concurrent_rollouts=5"])
     assert max_running_groups(cfg) == 5
-    big = load_config(None, ["rollout.max_head_offpolicyness=64", "train_dataset.batch_size=64", "gconfig.n_samples=16"])
+    big = load_config(None, ["rollout.max_head_offpolicyness=64", "train_dataset.batch_size=64",
+                             "gconfig.n_samples=16"])
     assert max_running_groups(big) == MAX_SEQUENCES_IN_FLIGHT // 16

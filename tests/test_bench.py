@@ -134,7 +134,8 @@ def test_bench_e2e_with_seeds_continues_where_it_stopped(tmp_path):
     res = a3po(*args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert sorted((r["arm"], r["seed"]) for r in rec["runs"]) == [("loglinear", 1), ("loglinear", 2), ("sync", 1), ("sync", 2)]
+    assert sorted((r["arm"], r["seed"]) for r in rec["runs"]) == [("loglinear", 1), ("loglinear", 2),
+                                                                  ("sync", 1), ("sync", 2)]
     row = {r["arm"]: r for r in rec["table"]}["loglinear"]
     assert row["seeds"] == [1, 2] and row["train_wall_s"]["n"] == 2
     assert row["train_wall_s"]["min"] <= row["train_wall_s"]["mean"] <= row["train_wall_s"]["max"]
@@ -151,7 +152,8 @@ def test_bench_e2e_with_seeds_continues_where_it_stopped(tmp_path):
     # fewer seeds: nothing to run, the table holds the asked-for seed only
     res = a3po(*args[:-4], "--seeds", "1", "--out", "b", cwd=tmp_path)
     assert res.returncode == 0 and "2 already done" in res.stderr
-    assert {r["arm"]: r for r in json.loads((tmp_path / "b" / "results.json").read_text())["table"]}["sync"]["seeds"] == [1]
+    assert {r["arm"]: r
+            for r in json.loads((tmp_path / "b" / "results.json").read_text())["table"]}["sync"]["seeds"] == [1]
     # a different configuration in the same folder is refused (overrides after options are fine)
     res = a3po(*args, "actor.optimizer.lr=0.1", cwd=tmp_path)
     assert res.returncode == 2 and "different configuration" in res.stderr, res.stderr
@@ -203,7 +205,8 @@ def test_summarize_run_reads_steps_evaluations_and_clipped_token_counts():
                 "perf/train_s": 1.5, "perf/rollout_wait_s": 0.1, "rollout/reward_mean": reward,
                 "loss/ratio_max": 1.0 + k / 10, "loss/clipped_frac": 0.25, "train/n_tokens": 40.0,
                 "loss/behav_capped_frac": 0.0}
-    rows = [{"step": 0, "eval/accuracy": 0.25}] + [step(k, k / 10) for k in range(1, 7)] + [{"step": 6, "eval/accuracy": 0.5}]
+    rows = ([{"step": 0, "eval/accuracy": 0.25}] + [step(k, k / 10) for k in range(1, 7)]
+            + [{"step": 6, "eval/accuracy": 0.5}])
     rows[-2]["eval/accuracy"] = 0.5
     s = summarize_run(rows[:-1])
     assert s["steps"] == 6 and s["train_wall_s"] == 12.0 and s["curves"]["time_s"] == [2, 4, 6, 8, 10, 12]

@@ -16,8 +16,8 @@ import json
 import pytest
 from test_bench import a3po
 
-TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2", "--out", "out",
-        "--update-every", "2"]
+TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2",
+        "--out", "out", "--update-every", "2"]
 
 
 @pytest.fixture(scope="module")

@@ -257,8 +257,9 @@ def test_summarize_adds_the_study_numbers_and_tolerates_missing_metrics():
 
 
 def _run(arm, eta, mb, seed, **extra):
-    base = {"arm": arm, "eta": eta, "minibatches": mb, "seed": seed, "ok": True, "key": f"{arm}-eta{eta}-mb{mb}-seed{seed}",
-            "train_wall_s": 10.0, "step_s": 1.0, "eval_initial": 0.1, "eval_final": 0.5, "reward_final": 0.4,
+    base = {"arm": arm, "eta": eta, "minibatches": mb, "seed": seed, "ok": True,
+            "key": f"{arm}-eta{eta}-mb{mb}-seed{seed}", "train_wall_s": 10.0, "step_s": 1.0,
+            "eval_initial": 0.1, "eval_final": 0.5, "reward_final": 0.4,
             "clipped_frac": 0.1, "capped_frac": 0.0, "idle_frac": math.nan, "mismatch_k3": math.nan,
             "mismatch_abs_mean": math.nan, "stale_mean_all": 0.5, "stale_mean_steady": 1.0, "stale_max": float(eta),
             "groups_ahead": math.nan, "stale_dist": None}

@@ -70,7 +70,8 @@ def test_resolved_yaml_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("override, needles", [
-    ("actor.prox_logp_method=loglinar", ["actor.prox_logp_method", "'loglinar'", "recompute, loglinear", "did you mean 'loglinear'"]),
+    ("actor.prox_logp_method=loglinar",
+     ["actor.prox_logp_method", "'loglinar'", "recompute, loglinear", "did you mean 'loglinear'"]),
     ("actor.eps_clp=0.3", ["unknown key 'actor.eps_clp'", "did you mean 'actor.eps_clip'"]),
     ("prox_logp_method=recompute", ["did you mean 'actor.prox_logp_method'"]),
     ("actor.eps_clip=2", ["actor.eps_clip", "2.0", "< 1"]),
@@ -88,9 +89,12 @@ def test_bad_override_names_key_value_and_what_is_allowed(override, needles):
 
 
 @pytest.mark.parametrize("overrides, needles", [
-    (["actor.prox_logp_method=reuse", "actor.ppo_n_minibatches=4"], ["actor.ppo_n_minibatches=4", "reuse", "ppo_n_minibatches=1"]),
-    (["actor.use_decoupled_loss=false", "actor.prox_logp_method=recompute"], ["actor.prox_logp_method", "use_decoupled_loss=true"]),
-    (["actor.use_decoupled_loss=false", "actor.behav_imp_weight_cap=3"], ["actor.behav_imp_weight_cap", "use_decoupled_loss=true"]),
+    (["actor.prox_logp_method=reuse", "actor.ppo_n_minibatches=4"],
+     ["actor.ppo_n_minibatches=4", "reuse", "ppo_n_minibatches=1"]),
+    (["actor.use_decoupled_loss=false", "actor.prox_logp_method=recompute"],
+     ["actor.prox_logp_method", "use_decoupled_loss=true"]),
+    (["actor.use_decoupled_loss=false", "actor.behav_imp_weight_cap=3"],
+     ["actor.behav_imp_weight_cap", "use_decoupled_loss=true"]),
     (["actor.loss_agg_norm=24"], ["actor.loss_agg_norm", "seq-mean-token-sum"]),
     (["actor.adv_norm.mean_leave1out=true", "actor.adv_norm.mean_level=batch"], ["mean_leave1out", "mean_level=group"]),
     (["train_dataset.task=file"], ["train_dataset.path", "task=file"]),

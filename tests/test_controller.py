@@ -163,7 +163,7 @@ def test_dynamic_filtering_refills_the_same_slot():
     finally:
         ctl.close()
         pool.close()
-    for v, (ds, _, got) in enumerate(steps):
+    for v, (_, _, got) in enumerate(steps):
         assert [g.slot for g in got.groups] == [2 * v, 2 * v + 1]
         assert all(len({t.reward for t in g.trajectories}) > 1 for g in got.groups)
     assert sum(got.filtered for _, _, got in steps) == 6  # one refill per slot consumed

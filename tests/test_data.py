@@ -17,9 +17,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from a3po.config.schema import DatasetConfig
-from a3po.data import (DataError, Example, SafeReward, build_messages, build_reward, extract_final_answer,
-                       extract_final_expression, load_task)
-from a3po.data import tasks
+from a3po.data import (
+    DataError,
+    Example,
+    SafeReward,
+    build_messages,
+    build_reward,
+    extract_final_answer,
+    extract_final_expression,
+    load_task,
+    tasks,
+)
 from a3po.data.tasks import normalise_question
 
 SMALL_PARAMS = {

@@ -63,7 +63,8 @@ def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
 
 
 def test_synchronous_run_trains_only_on_fresh_tokens(tmp_path):
-    res = a3po(*TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24", cwd=tmp_path)
+    res = a3po(*TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24",
+               cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     steps = train_steps(metrics(tmp_path / "runs" / "tiny"))
     assert len(steps) == 4
@@ -145,5 +146,5 @@ def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
     res = a3po(*TINY, *args, cwd=tmp_path, timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]
-    lines = [l for l in res.stderr.strip().splitlines() if l.strip()]
+    lines = [line for line in res.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr

@@ -11,18 +11,19 @@ import copy
 import math
 
 import torch
+from conftest import actor_cfg
 
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.sampling import draw, sampling_logp
 from a3po.train.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
-from conftest import actor_cfg
 
 
 def prompts(tok, n):
     texts = [f"What is {i} + {i + 3}?" for i in range(n)]
-    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False) for t in texts]
+    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+             for t in texts]
     return [tok.encode(c, add_special_tokens=False) for c in chats]
 
 

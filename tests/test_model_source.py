@@ -26,8 +26,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from a3po.models import ModelSourceError, cache_dir, load_policy
-from a3po.models import source
+from a3po.models import ModelSourceError, cache_dir, load_policy, source
 from a3po.models.tiny import SPECIAL_TOKENS, byte_tokenizer
 
 TOKENIZER = byte_tokenizer()  # built once: hypothesis reruns the round-trip test many times

@@ -111,7 +111,8 @@ def test_micro_batching_does_not_change_the_update(tiny):
         assert torch.allclose(w_big[k], w_small[k], atol=1e-5), k  # 1 % of one lr = 1e-3 step
 
 
-@pytest.mark.parametrize("method, passes", [("loglinear", 1), ("linear", 1), ("reuse", 1), ("recompute", 2), ("metrics", 2)])
+@pytest.mark.parametrize("method, passes",
+                         [("loglinear", 1), ("linear", 1), ("reuse", 1), ("recompute", 2), ("metrics", 2)])
 def test_only_recompute_and_metrics_run_an_extra_forward_pass(tiny, method, passes):
     model, tok = tiny
     batch = fixed_batch(model, len(tok))
@@ -126,7 +127,8 @@ def test_only_recompute_and_metrics_run_an_extra_forward_pass(tiny, method, pass
 def test_ppo_updates_lower_the_loss_on_a_fixed_batch(tiny):
     model, tok = tiny
     batch = fixed_batch(model, len(tok))
-    eng = TrainEngine(copy.deepcopy(model), actor_cfg("actor.prox_logp_method=recompute", "actor.optimizer.lr=3e-3"), 10)
+    eng = TrainEngine(copy.deepcopy(model), actor_cfg("actor.prox_logp_method=recompute", "actor.optimizer.lr=3e-3"),
+                      10)
 
     def surrogate():
         logp = eng.compute_logp(batch)

@@ -41,7 +41,8 @@ def keys_help() -> str:
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", metavar="NAME", help=f"start from a built-in preset ({', '.join(presets())})")
     p.add_argument("--config", metavar="FILE", help="YAML file of configuration keys (applied over the preset)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override one key, e.g. actor.prox_logp_method=recompute")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override one key, e.g. actor.prox_logp_method=recompute")
 
 
 def _csv(kind):
@@ -49,9 +50,18 @@ def _csv(kind):
 
 
 def _add_bench_parsers(sub) -> None:
-    from a3po.bench.args import ARM_NAMES, METHODS, ROLLOUT_DTYPES, STALENESS_ARMS, RolloutBenchArgs, StalenessArgs, StepBenchArgs
+    from a3po.bench.args import (
+        ARM_NAMES,
+        METHODS,
+        ROLLOUT_DTYPES,
+        STALENESS_ARMS,
+        RolloutBenchArgs,
+        StalenessArgs,
+        StepBenchArgs,
+    )
 
-    bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side (step, rollout, e2e, staleness)",
+    bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side "
+                                         "(step, rollout, e2e, staleness)",
                            description="Benchmarks whose ratios are measured side by side in one run.")
     kinds = bench.add_subparsers(dest="bench", metavar="KIND")
     d = StepBenchArgs()
@@ -83,7 +93,8 @@ def _add_bench_parsers(sub) -> None:
     rollout.add_argument("--max-new-tokens", type=int, default=r.max_new_tokens)
     rollout.add_argument("--repeats", type=int, default=r.repeats)
     rollout.add_argument("--update-every", type=int, default=r.update_every,
-                         help="decode steps between in-flight weight updates in the rollout.weight_update arms (0: none)")
+                         help="decode steps between in-flight weight updates in the rollout.weight_update arms "
+                              "(0: none)")
     rollout.add_argument("--threads", type=int, default=r.threads, help="torch threads (one rollout worker's share)")
     rollout.add_argument("--out", default=r.out, help="output folder (suffixed -2, -3, ... if taken)")
 
@@ -103,16 +114,20 @@ def _add_bench_parsers(sub) -> None:
     stale.add_argument("--etas", type=_csv(int), default=s.etas, help="staleness bounds, e.g. 0,2,4,8")
     stale.add_argument("--minibatches", type=_csv(int), default=s.minibatches,
                        help="actor.ppo_n_minibatches values, e.g. 1,4 (reuse runs at 1 only)")
-    stale.add_argument("--arms", type=_csv(str), default=s.arms, help=f"subset of {','.join(STALENESS_ARMS)} (eta = 0 runs the coupled baseline whatever this says)")
+    stale.add_argument("--arms", type=_csv(str), default=s.arms,
+                       help=f"subset of {','.join(STALENESS_ARMS)} "
+                            "(eta = 0 runs the coupled baseline whatever this says)")
     stale.add_argument("--all-arms-at-eta0", action="store_true",
-                       help="run every arm at eta = 0 too (default: only the coupled baseline, which they all equal there)")
+                       help="run every arm at eta = 0 too "
+                            "(default: only the coupled baseline, which they all equal there)")
 
 
 def _add_train_bench_args(p: argparse.ArgumentParser, name: str) -> None:
     """What every benchmark made of `a3po train` runs takes (TrainBenchArgs)."""
     _add_config_args(p)
     p.add_argument("--seeds", type=int, default=1, help="repeat every run with seeds seed, seed+1, ...")
-    p.add_argument("--out", help=f"output folder; an existing one is continued (default: a new <fileroot>/bench-{name})")
+    p.add_argument("--out",
+                   help=f"output folder; an existing one is continued (default: a new <fileroot>/bench-{name})")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
 
 
@@ -153,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train",
         help="train a policy (no arguments: the embedded default run)",
-        description="Train a policy with asynchronous RL. With no arguments: SmolLM2-135M-Instruct on chain_sum with A-3PO.",
+        description="Train a policy with asynchronous RL. "
+                    "With no arguments: SmolLM2-135M-Instruct on chain_sum with A-3PO.",
         epilog=keys_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -196,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             from a3po.train.run import resume_config
 
             if args.config or args.preset:
-                raise ConfigError("--resume takes its configuration from the run directory; drop --config/--preset (key=value overrides are allowed)")
+                raise ConfigError("--resume takes its configuration from the run directory; "
+                                  "drop --config/--preset (key=value overrides are allowed)")
             cfg = resume_config(args.resume, args.overrides)
         else:
             cfg = load_config(args.config, args.overrides, preset=args.preset)

@@ -215,6 +215,8 @@ def ppo_loss(
     return loss, terms
 
 
-def coupled_ppo_loss(logp_theta: Tensor, logp_behav: Tensor, adv: Tensor, mask: Tensor, **kwargs) -> tuple[Tensor, LossTerms]:
+def coupled_ppo_loss(
+    logp_theta: Tensor, logp_behav: Tensor, adv: Tensor, mask: Tensor, **kwargs
+) -> tuple[Tensor, LossTerms]:
     """Coupled PPO/GRPO: the behaviour policy is also the proximal one (p = b, w = 1)."""
     return ppo_loss(logp_theta, logp_behav, logp_behav, adv, mask, **kwargs)

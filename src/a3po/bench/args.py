@@ -32,11 +32,13 @@ class StepBenchArgs:
         """Self, or a ConfigError naming the first bad argument."""
         from a3po.config import ConfigError
 
-        problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "repeats", "prompt_len", "output_len")
-                    if getattr(self, k) < 1]
+        problems = [f"--{k.replace('_', '-')} must be at least 1"
+                    for k in ("batch", "repeats", "prompt_len", "output_len") if getattr(self, k) < 1]
         problems += ["--threads must be at least 1"] if self.threads is not None and self.threads < 1 else []
-        problems += [f"--methods: unknown '{m}' (choose from {','.join(METHODS)})" for m in self.methods if m not in METHODS]
-        problems += [f"--minibatches: {m} must be between 1 and --batch" for m in self.minibatches if not 1 <= m <= self.batch]
+        problems += [f"--methods: unknown '{m}' (choose from {','.join(METHODS)})"
+                     for m in self.methods if m not in METHODS]
+        problems += [f"--minibatches: {m} must be between 1 and --batch"
+                     for m in self.minibatches if not 1 <= m <= self.batch]
         if problems:
             raise ConfigError(problems[0])
         return self
@@ -58,12 +60,13 @@ class RolloutBenchArgs:
         """Self, or a ConfigError naming the first bad argument."""
         from a3po.config import ConfigError
 
-        problems = [f"--{k.replace('_', '-')} must be at least 1" for k in ("batch", "max_new_tokens", "repeats", "threads")
-                    if getattr(self, k) < 1]
+        problems = [f"--{k.replace('_', '-')} must be at least 1"
+                    for k in ("batch", "max_new_tokens", "repeats", "threads") if getattr(self, k) < 1]
         problems += ["--update-every must be 0 (off) or at least 1"] if self.update_every < 0 else []
         problems += [f"--dtypes: unknown '{d}' (choose from {','.join(ROLLOUT_DTYPES)})"
                      for d in self.dtypes if d not in ROLLOUT_DTYPES]
-        problems += ["--dtypes: give at least one, each once"] if not self.dtypes or len(set(self.dtypes)) < len(self.dtypes) else []
+        problems += (["--dtypes: give at least one, each once"]
+                     if not self.dtypes or len(set(self.dtypes)) < len(self.dtypes) else [])
         problems += [f"--trainer-dtype: unknown '{self.trainer_dtype}' (choose from auto,{','.join(ROLLOUT_DTYPES)})"
                      ] if self.trainer_dtype not in ("auto", *ROLLOUT_DTYPES) else []
         if problems:

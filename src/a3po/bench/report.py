@@ -104,9 +104,11 @@ def markdown(record: dict, bench_dir: Path) -> str:
         f"Model `{a['path']}`, task `{d['task']}`, {any_cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
         f"{g['n_samples']} samples, eta = {eta} for the asynchronous arms; {seeds} seed(s)"
         + (" (cells: mean (min..max))" if seeds > 1 else "")
-        + f"; {record['cpu_count']} CPUs, torch {record['torch']}; benchmark wall time {record['wall_s'] / 60:.1f} min.",
+        + f"; {record['cpu_count']} CPUs, torch {record['torch']}; "
+          f"benchmark wall time {record['wall_s'] / 60:.1f} min.",
         "Wall time is the training loop's (sum of `perf/step_s`), without start-up and evaluation. "
-        "Final reward: mean task reward of the last 4 steps. Held-out accuracy: greedy, at step 0 and after the last step.",
+        "Final reward: mean task reward of the last 4 steps. "
+        "Held-out accuracy: greedy, at step 0 and after the last step.",
         "",
         "## End to end",
         "",
@@ -123,14 +125,17 @@ def markdown(record: dict, bench_dir: Path) -> str:
             "## Proximal approximation quality (`metrics` run)",
             "",
             "Error against the recomputed proximal log-probs p, pooled over steps and seeds by tokens. "
-            "abs = mean |p_hat - p|, rel = mean |exp(p_hat - p) - 1|; `behav` is p_hat = b (what the coupled loss uses).",
+            "abs = mean |p_hat - p|, rel = mean |exp(p_hat - p) - 1|; "
+            "`behav` is p_hat = b (what the coupled loss uses).",
             "",
-            "| staleness d | tokens | loglinear abs | loglinear rel | linear abs | linear rel | behav abs | behav rel |",
+            "| staleness d | tokens | loglinear abs | loglinear rel "
+            "| linear abs | linear rel | behav abs | behav rel |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in approx:
             vals = [row.get(f"{n}/{k}", math.nan) for n in APPROXIMATIONS for k in ("abs", "rel")]
-            lines.append(f"| {row['staleness'].lstrip('d')} | {row['tokens']} | " + " | ".join(f"{v:.2e}" for v in vals) + " |")
+            lines.append(f"| {row['staleness'].lstrip('d')} | {row['tokens']} | "
+                         + " | ".join(f"{v:.2e}" for v in vals) + " |")
     if record.get("plots"):
         lines += ["", "## Plots", ""]
         for name in record["plots"]:
@@ -138,7 +143,8 @@ def markdown(record: dict, bench_dir: Path) -> str:
     failed = [r for r in record["runs"] if not r.get("ok")]
     if failed:
         lines += ["", "## Failed runs", ""]
-        lines += [f"- {r['arm']} seed {r['seed']}: exit {r['returncode']}: {r['error']} (log: {r['log']})" for r in failed]
+        lines += [f"- {r['arm']} seed {r['seed']}: exit {r['returncode']}: {r['error']} (log: {r['log']})"
+                  for r in failed]
     return "\n".join(lines) + "\n"
 
 

@@ -177,7 +177,8 @@ def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str]) -> li
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
             **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
             "local_over_generate": med[arm] / med[Arm("generate", arm.dtype)] if arm.engine == "local" else None,
-            "over_first_dtype": med[arm] / med[Arm(arm.engine, dtypes[0])] if Arm(arm.engine, dtypes[0]) in med else None,
+            "over_first_dtype": (med[arm] / med[Arm(arm.engine, dtypes[0])]
+                                 if Arm(arm.engine, dtypes[0]) in med else None),
         })
     return rows
 

@@ -41,7 +41,8 @@ from a3po.config import Config, ConfigError, load_config
 
 ARMS = {a.name: a for a in (
     Arm("coupled", "coupled PPO/GRPO (the behaviour policy as proximal)", ("actor.use_decoupled_loss=false",)),
-    Arm("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)", ("actor.prox_logp_method=metrics",)),
+    Arm("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)",
+        ("actor.prox_logp_method=metrics",)),
     Arm("loglinear", "A-3PO, loglinear interpolation", ("actor.prox_logp_method=loglinear",)),
     Arm("reuse", "p = sg(theta), one minibatch only", ("actor.prox_logp_method=reuse",)),
 )}
@@ -187,9 +188,9 @@ def stale_distribution(steps: list[dict], eta: int) -> list[float] | None:
 # ----------------------------------------------------------------------------- the tables
 
 
-SCALARS = ("train_wall_s", "step_s", "rollout_wait_s", "train_s", "of_bottleneck", "eval_initial", "eval_final", "reward_final", "clipped_frac", "capped_frac",
-           "idle_frac", "mismatch_k3", "mismatch_abs_mean", "stale_mean_all", "stale_mean_steady", "stale_max",
-           "groups_ahead")
+SCALARS = ("train_wall_s", "step_s", "rollout_wait_s", "train_s", "of_bottleneck", "eval_initial", "eval_final",
+           "reward_final", "clipped_frac", "capped_frac", "idle_frac", "mismatch_k3", "mismatch_abs_mean",
+           "stale_mean_all", "stale_mean_steady", "stale_max", "groups_ahead")
 
 
 def cell_of(run: dict) -> Cell:

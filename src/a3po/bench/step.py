@@ -45,7 +45,7 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
     g = torch.Generator().manual_seed(seed)
     v = args.eta
     trajs = []
-    for i in range(args.batch):
+    for _ in range(args.batch):
         versions = [v - (j % (args.eta + 1)) for j in range(args.output_len)]
         trajs.append(Trajectory(prompt_ids=torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist(),
                                 output_ids=torch.randint(0, vocab, (args.output_len,), generator=g).tolist(),
@@ -99,13 +99,14 @@ def run(args: StepBenchArgs) -> dict:
         for arm in arms:
             engine = fresh_engine(arm)
             forwards = []  # counted, not timed: which arms pay the proximal pass is a fact, not a measurement
-            engine.model.base_model.register_forward_hook(lambda *_: forwards.append(1))
+            engine.model.base_model.register_forward_hook(lambda *_, forwards=forwards: forwards.append(1))
             t0 = time.perf_counter()
             stats = engine.ppo_update(warm if rep < 0 else batch)
             dt = time.perf_counter() - t0
             del engine  # one engine (weights, grads, AdamW state) alive at a time
             tag = "warm-up" if rep < 0 else f"repeat {rep + 1}/{args.repeats}"
-            progress(f"  {arm[0]:<10} minibatches={arm[1]} {tag}: step {dt:.2f} s, prox {stats['perf/prox_logp_s']:.2f} s")
+            progress(f"  {arm[0]:<10} minibatches={arm[1]} {tag}: step {dt:.2f} s, "
+                     f"prox {stats['perf/prox_logp_s']:.2f} s")
             if rep >= 0:
                 s = samples[arm]
                 s["step"].append(dt)
@@ -172,7 +173,8 @@ def markdown(r: dict) -> str:
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:
         sp = f"{p['speedup_vs_forward']:,.0f}x" if p["speedup_vs_forward"] else "-"
-        lines.append(f"| {p['method']} | {fmt_s(p['time_median_s'])} | {fmt_s(p['time_min_s'])}..{fmt_s(p['time_max_s'])} | {sp} |")
+        lines.append(f"| {p['method']} | {fmt_s(p['time_median_s'])} "
+                     f"| {fmt_s(p['time_min_s'])}..{fmt_s(p['time_max_s'])} | {sp} |")
     return "\n".join(lines) + "\n"
 
 

@@ -98,7 +98,8 @@ def _parse_text(text: str, tp: Any, key: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
-        raise ConfigError(f"{key}={text!r} is not a valid {type_name(tp)} (write lists as [a, b], mappings as {{k: v}})") from None
+        raise ConfigError(f"{key}={text!r} is not a valid {type_name(tp)} "
+                          "(write lists as [a, b], mappings as {k: v})") from None
 
 
 def _unwrap(tp: Any) -> tuple[Any, bool]:
@@ -205,8 +206,10 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"override '{item}' must look like key=value, e.g. actor.prox_logp_method=loglinear")
         if key not in leaves:
             if any(k.startswith(key + ".") for k in leaves):
-                raise ConfigError(f"'{key}' is a section; set one of its keys, e.g. {next(k for k in leaves if k.startswith(key + '.'))}=...")
-            hint = _suggest(key, list(leaves)) or _suggest(key.rsplit(".", 1)[-1], [k.rsplit(".", 1)[-1] for k in leaves])
+                raise ConfigError(f"'{key}' is a section; set one of its keys, "
+                                  f"e.g. {next(k for k in leaves if k.startswith(key + '.'))}=...")
+            hint = (_suggest(key, list(leaves))
+                    or _suggest(key.rsplit(".", 1)[-1], [k.rsplit(".", 1)[-1] for k in leaves]))
             raise ConfigError(f"unknown key '{key}'{hint}; `a3po train --help` lists every key")
         _set_dotted(tree, key, _parse_text(text, leaves[key].type, key))
     return tree
@@ -226,12 +229,15 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, preset: str | None = None
+) -> Config:
     """Schema defaults, then a preset, then the YAML file, then the overrides; validated throughout."""
     tree = {}
     if preset is not None:
         if preset not in presets():
-            raise ConfigError(f"unknown preset '{preset}'{_suggest(preset, presets())}; available: {', '.join(presets())}")
+            raise ConfigError(f"unknown preset '{preset}'{_suggest(preset, presets())}; "
+                              f"available: {', '.join(presets())}")
         tree = read_yaml(PRESETS / f"{preset}.yaml")
     if path is not None:
         tree = _merge(tree, read_yaml(path))

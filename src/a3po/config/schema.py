@@ -45,8 +45,10 @@ class OptimizerConfig:
 
 @dataclass
 class NormConfig:
-    mean_level: str = opt("group", "baseline subtracted from rewards: group mean (GRPO), batch mean, or none", choices=variants.ADV_NORM_LEVELS)
-    std_level: str = opt("group", "divide by the std of the group (GRPO), of the batch, or none (Dr.GRPO, RLOO)", choices=variants.ADV_NORM_LEVELS)
+    mean_level: str = opt("group", "baseline subtracted from rewards: group mean (GRPO), batch mean, or none",
+                          choices=variants.ADV_NORM_LEVELS)
+    std_level: str = opt("group", "divide by the std of the group (GRPO), of the batch, or none (Dr.GRPO, RLOO)",
+                         choices=variants.ADV_NORM_LEVELS)
     mean_leave1out: bool = opt(False, "leave-one-out baseline within the group (RLOO)")
     eps: float = opt(1e-5, "added to the std before dividing", gt=0)
 
@@ -58,24 +60,38 @@ class MicroBatchConfig:
 
 @dataclass
 class ActorConfig:
-    path: str = opt("smollm2-135m-instruct", "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
-    dtype: str = opt("auto", "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
+    path: str = opt("smollm2-135m-instruct",
+                    "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
+    dtype: str = opt("auto", "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 "
+                     "where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32",
+                     choices=("auto", "float32", "bfloat16"))
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
-    use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); false = coupled PPO/GRPO")
-    prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO", choices=variants.PROX_METHODS)
+    use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); "
+                                         "false = coupled PPO/GRPO")
+    prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO",
+                                choices=variants.PROX_METHODS)
     eps_clip: float = opt(0.2, "PPO clip range below 1 (and above 1 unless eps_clip_higher is set)", gt=0, lt=1)
     eps_clip_higher: float | None = opt(None, "PPO clip range above 1 (asymmetric clip); null = eps_clip", gt=0)
     c_clip: float | None = opt(None, "dual-clip bound for negative advantages; null disables", gt=1)
-    behav_imp_weight_cap: float | None = opt(5.0, "cap on the behaviour importance weight exp(p - b); null disables", gt=1)
-    behav_imp_weight_mode: str = opt("token_mask", "what the cap does: drop (mask) or clamp (truncate), per token or per sequence", choices=variants.BEHAV_WEIGHT_MODES)
-    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO) or per sequence (GSPO: the means over its tokens)", choices=variants.IS_LEVELS)
-    m2_threshold: float | None = opt(None, "M2PO: drop tokens until the second moment of log(p/b) is below this; null disables", gt=0)
+    behav_imp_weight_cap: float | None = opt(5.0, "cap on the behaviour importance weight exp(p - b); null disables",
+                                             gt=1)
+    behav_imp_weight_mode: str = opt("token_mask",
+                                     "what the cap does: drop (mask) or clamp (truncate), per token or per sequence",
+                                     choices=variants.BEHAV_WEIGHT_MODES)
+    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO) or per sequence "
+                                                  "(GSPO: the means over its tokens)", choices=variants.IS_LEVELS)
+    m2_threshold: float | None = opt(None, "M2PO: drop tokens until the second moment of log(p/b) is below this; "
+                                           "null disables", gt=0)
     loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=variants.AGG_MODES)
     loss_agg_norm: float = opt(1.0, "constant divisor for seq-mean-token-sum (Dr.GRPO uses max_new_tokens)", gt=0)
-    ppo_n_minibatches: int = opt(1, "optimizer steps per training batch (the batch is split into this many minibatches)", ge=1)
+    ppo_n_minibatches: int = opt(1, "optimizer steps per training batch "
+                                    "(the batch is split into this many minibatches)", ge=1)
     kl_ctl: float = opt(0.0, "coefficient of the KL to the reference (initial) policy; 0 disables", ge=0)
-    kl_estimator: str = opt("k3", "KL estimator (algo/kl.py); k1 is the one whose penalty in the reward has the KL's gradient", choices=variants.KL_ESTIMATORS)
-    kl_in_reward: bool = opt(False, "charge the KL to the reward instead of the loss: each sequence's shaped reward loses kl_ctl x its summed per-token KL of the behaviour policy to the reference, before the advantages are computed")
+    kl_estimator: str = opt("k3", "KL estimator (algo/kl.py); k1 is the one whose penalty in the reward has the KL's "
+                                  "gradient", choices=variants.KL_ESTIMATORS)
+    kl_in_reward: bool = opt(False, "charge the KL to the reward instead of the loss: each sequence's shaped reward "
+                                    "loses kl_ctl x its summed per-token KL of the behaviour policy to the reference, "
+                                    "before the advantages are computed")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient", ge=0)
     reward_scaling: float = opt(1.0, "rewards become (r + reward_bias) * reward_scaling")
     reward_bias: float = opt(0.0, "added to rewards before scaling")
@@ -97,30 +113,46 @@ class GenerationConfig:
 
 @dataclass
 class RolloutConfig:
-    max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the trainer; 0 = synchronous", ge=0)
-    max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or queued in a worker); null = as many as the bound allows, (eta + 1) x batch_size, capped at 1024 sequences", ge=1)
+    max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the "
+                                         "trainer; 0 = synchronous", ge=0)
+    max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or "
+                                                    "queued in a worker); null = as many as the bound allows, "
+                                                    "(eta + 1) x batch_size, capped at 1024 sequences", ge=1)
     n_workers: int = opt(1, "rollout worker processes", ge=1)
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
-    lend_idle_cores: bool = opt(True, "while no rollout worker has a prompt in flight (held back by the staleness bound, or between steps at eta=0), the trainer computes with their threads too")
-    dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32", choices=("auto", "float32", "bfloat16"))
-    weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv (keep the KV cache older weights computed and continue with the new weights; log-probs stay exact, only the prefix is of older weights) or reprefill (recompute their KV cache with the new weights: exact, but one prefill of every running sequence per version)", choices=("reprefill", "keep_kv"))
-    stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports anything for this long", gt=0)
+    lend_idle_cores: bool = opt(True, "while no rollout worker has a prompt in flight (held back by the staleness "
+                                      "bound, or between steps at eta=0), the trainer computes with their threads too")
+    dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where the hardware "
+                     "computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32",
+                     choices=("auto", "float32", "bfloat16"))
+    weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv "
+                                        "(keep the KV cache older weights computed and continue with the new weights; "
+                                        "log-probs stay exact, only the prefix is of older weights) or reprefill "
+                                        "(recompute their KV cache with the new weights: exact, but one prefill of "
+                                        "every running sequence per version)", choices=("reprefill", "keep_kv"))
+    stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports "
+                                        "anything for this long", gt=0)
 
 
 @dataclass
 class DatasetConfig:
-    task: str = opt("chain_sum", "reasoning-gym task (chain_sum, basic_arithmetic, gsm_symbolic, countdown) or 'file' for path")
-    task_params: dict = opt({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, "parameters passed to the task generator")
+    task: str = opt("chain_sum",
+                    "reasoning-gym task (chain_sum, basic_arithmetic, gsm_symbolic, countdown) or 'file' for path")
+    task_params: dict = opt({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+                            "parameters passed to the task generator")
     path: str | None = opt(None, "JSONL/Parquet file or Hugging Face dataset directory, used with task=file")
     question_key: str = opt("question", "column holding the prompt text")
     answer_key: str = opt("answer", "column holding the reference answer (GSM8K '#### 72' accepted)")
-    reward: str = opt("exact", "reward function: exact (final number equals the answer), task (the task's own scorer, may give partial credit), math_verify, or module:function")
+    reward: str = opt("exact", "reward function: exact (final number equals the answer), task (the task's own scorer, "
+                               "may give partial credit), math_verify, or module:function")
     system_prompt: str | None = opt(None, "system message put before each question; null = the chat template's default")
     batch_size: int = opt(4, "prompts per training step", ge=1)
     size: int = opt(20000, "examples generated for a procedural task", ge=1)
     reward_timeout_s: float = opt(5.0, "a reward call running longer than this scores 0 and counts as a failure", gt=0)
-    max_reward_failure_frac: float = opt(0.5, "stop the run when more than this share of a step's reward calls failed", ge=0, le=1)
-    dynamic_filtering: bool = opt(False, "drop groups whose rewards are all equal (no learning signal) and refill from the dataset")
+    max_reward_failure_frac: float = opt(0.5, "stop the run when more than this share of a step's reward calls failed",
+                                         ge=0, le=1)
+    dynamic_filtering: bool = opt(False, "drop groups whose rewards are all equal (no learning signal) "
+                                         "and refill from the dataset")
 
 
 @dataclass
@@ -169,7 +201,8 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     problems = []
     if a.prox_logp_method == "reuse" and a.ppo_n_minibatches != 1:
         problems.append(("actor.ppo_n_minibatches", a.ppo_n_minibatches,
-                         "prox_logp_method=reuse is exact only with one gradient step per sample: set ppo_n_minibatches=1 or choose loglinear"))
+                         "prox_logp_method=reuse is exact only with one gradient step per sample: "
+                         "set ppo_n_minibatches=1 or choose loglinear"))
     if not a.use_decoupled_loss:
         decoupled_only = ("prox_logp_method", "behav_imp_weight_cap", "behav_imp_weight_mode", "m2_threshold")
         for name in decoupled_only:
@@ -177,17 +210,20 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                 problems.append((f"actor.{name}", getattr(a, name),
                                  "only meaningful with actor.use_decoupled_loss=true; set it or drop this key"))
     if a.loss_agg_mode != "seq-mean-token-sum" and "loss_agg_norm" in a_changed:
-        problems.append(("actor.loss_agg_norm", a.loss_agg_norm, "only used with actor.loss_agg_mode=seq-mean-token-sum"))
+        problems.append(("actor.loss_agg_norm", a.loss_agg_norm,
+                         "only used with actor.loss_agg_mode=seq-mean-token-sum"))
     if a.adv_norm.mean_leave1out and a.adv_norm.mean_level != "group":
         problems.append(("actor.adv_norm.mean_leave1out", True, "needs actor.adv_norm.mean_level=group"))
     if a.kl_in_reward and a.kl_ctl == 0:
         problems.append(("actor.kl_in_reward", True, "has no effect with actor.kl_ctl=0; set kl_ctl > 0"))
     r = cfg.rollout
     if r.max_concurrent_rollouts is not None and r.max_concurrent_rollouts < r.n_workers:
-        problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts, f"at least rollout.n_workers={r.n_workers}"))
+        problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts,
+                         f"at least rollout.n_workers={r.n_workers}"))
     d = cfg.train_dataset
     if d.task == "file" and not d.path:
-        problems.append(("train_dataset.path", d.path, "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
+        problems.append(("train_dataset.path", d.path,
+                         "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
         problems.append(("gconfig.n_samples", 1, (
             "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "

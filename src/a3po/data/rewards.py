@@ -29,9 +29,10 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from a3po.config.schema import DatasetConfig
 from a3po.data.tasks import PROCEDURAL_TASKS, DataError, Example, TaskData, suggest

@@ -18,9 +18,10 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from a3po.config.schema import DatasetConfig
 

@@ -11,8 +11,9 @@ A new backend (vLLM, an HTTP server) is one new file implementing `RolloutEngine
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Protocol
+from typing import Protocol
 
 from torch import Tensor
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import torch
 from torch import Tensor

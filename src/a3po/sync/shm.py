@@ -11,7 +11,7 @@ than a load, so this wait is normally zero.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor

@@ -97,7 +97,8 @@ class TrainEngine:
         self.version = 0
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
         if cfg.gradient_checkpointing:  # transformers 5 renamed it; older releases only have the old name
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or self.model.gradient_checkpointing_enable
+            enable = (getattr(self.model, "activation_checkpointing_enable", None)
+                      or self.model.gradient_checkpointing_enable)
             enable()
         self.model.config.use_cache = False
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optimizer, total_optimizer_steps)
@@ -112,19 +113,22 @@ class TrainEngine:
 
     def _autocast(self):
         if self.dtype == "bfloat16":
-            return torch.autocast("cpu" if self.model.device.type == "cpu" else self.model.device.type, dtype=torch.bfloat16)
+            return torch.autocast("cpu" if self.model.device.type == "cpu" else self.model.device.type,
+                                  dtype=torch.bfloat16)
         return nullcontext()
 
     def _logp(self, model, batch: TrainBatch, with_entropy: bool = True) -> tuple[Tensor, Tensor]:
         """(log-probs, entropy) of every output token, on its own position: both (B, T), 0 elsewhere
         (entropy all 0 without with_entropy: the no-grad passes never read it)."""
         with self._autocast():
-            hidden = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).last_hidden_state  # (B, T, H)
+            hidden = model.base_model(input_ids=batch.input_ids,
+                                      attention_mask=batch.attention_mask.long()).last_hidden_state  # (B, T, H)
         # hidden at position i predicts token i + 1
         pred_mask = batch.loss_mask[:, 1:]  # (B, T-1)
         h = hidden[:, :-1][pred_mask]  # (N, H)
         targets = batch.input_ids[:, 1:][pred_mask]  # (N,)
-        logp_tok, ent_tok = token_logp_entropy(h, model.get_output_embeddings().weight, targets, self.temperature, with_entropy)
+        logp_tok, ent_tok = token_logp_entropy(h, model.get_output_embeddings().weight, targets, self.temperature,
+                                               with_entropy)
         B, T = batch.input_ids.shape
         logp = torch.zeros(B, T, dtype=logp_tok.dtype, device=h.device)
         ent = torch.zeros(B, T, dtype=ent_tok.dtype, device=h.device)
@@ -225,7 +229,8 @@ class TrainEngine:
             entropy=entropy, entropy_coef=cfg.entropy_coef, kl=kl, kl_coef=cfg.kl_ctl,
         )
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at version {v}; lower actor.optimizer.lr or check rewards/log-probs")
+            raise FloatingPointError(f"loss is {loss.item()} at version {v}; "
+                                     "lower actor.optimizer.lr or check rewards/log-probs")
         loss.backward()
         m = mb.loss_mask
         piece = {
@@ -242,7 +247,8 @@ class TrainEngine:
             piece["kl_ref"] = kl.detach()[m]
         if self.method is not None and self.method.reports_errors:
             errs = approximation_errors(logp_recomputed, mb.logp_behav, logp, mb.versions, v)
-            piece["errors"] = {name: {k: getattr(e, k)[m] for k in ("abs", "rel", "sq", "iw")} for name, e in errs.items()}
+            piece["errors"] = {name: {k: getattr(e, k)[m] for k in ("abs", "rel", "sq", "iw")}
+                               for name, e in errs.items()}
         return piece
 
     def _optimizer_step(self) -> float:
@@ -251,7 +257,8 @@ class TrainEngine:
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError("gradient norm is not finite; lower actor.optimizer.lr or enable gradient_clipping")
+            raise FloatingPointError("gradient norm is not finite; "
+                                     "lower actor.optimizer.lr or enable gradient_clipping")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -271,7 +278,8 @@ class TrainEngine:
         if "kl_ref" in pieces[0]:  # the KL in the loss; in the reward it is logged where it is computed
             out["loss/kl_ref"] = float(cat("kl_ref").mean())
         if "errors" in pieces[0]:
-            errs = {name: ApproxErrors(**{k: torch.cat([p["errors"][name][k] for p in pieces])[None] for k in ("abs", "rel", "sq", "iw")})
+            errs = {name: ApproxErrors(**{k: torch.cat([p["errors"][name][k] for p in pieces])[None]
+                                          for k in ("abs", "rel", "sq", "iw")})
                     for name in pieces[0]["errors"]}
             out.update(approx_error_stats(errs, mask, cat("versions"), v))
         return out
@@ -309,7 +317,8 @@ class TrainEngine:
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         tied = {k for k in missing if k.endswith("lm_head.weight")} if self.model.config.tie_word_embeddings else set()
         if set(missing) - tied or unexpected:
-            raise ValueError(f"checkpoint {d} does not match the model: missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
+            raise ValueError(f"checkpoint {d} does not match the model: "
+                             f"missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
         state = torch.load(d / STATE_FILE, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -98,7 +98,8 @@ class _TokenLogpEntropy(torch.autograd.Function):
 
 def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
                        with_entropy: bool = True) -> tuple[Tensor, Tensor]:
-    """hidden (N, H), lm-head weight (V, H), targets (N,) -> (log pi(target), entropy), each (N,) fp32 (fp64 for fp64 input).
+    """hidden (N, H), lm-head weight (V, H), targets (N,) -> (log pi(target), entropy),
+    each (N,) fp32 (fp64 for fp64 input).
 
     with_entropy=False skips the entropy (returned as zeros) where nobody reads it, as in
     the no-grad proximal pass: one exp and one product over the vocabulary less."""

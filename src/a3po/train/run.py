@@ -98,7 +98,8 @@ def _train(cfg: Config, resume: str | None) -> int:
 
     say(f"a3po: run directory {run_dir}")
     say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
-        f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
+        f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), "
+        f"trainer {trainer_threads}")
     weights = SharedWeights(engine.weights())
     pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
     lender = CoreLender(trainer_threads, cfg.rollout.n_workers * per_worker if cfg.rollout.lend_idle_cores else 0,
@@ -189,10 +190,12 @@ def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
                      f"{evals[-1]['eval/accuracy']:.3f} (step {evals[-1]['step']})")
     if steps:
         lines += [
-            f"  task reward (first/last 5 steps)  {mean(head, 'rollout/reward_mean'):.3f} -> {mean(tail, 'rollout/reward_mean'):.3f}",
+            f"  task reward (first/last 5 steps)  {mean(head, 'rollout/reward_mean'):.3f} -> "
+            f"{mean(tail, 'rollout/reward_mean'):.3f}",
             f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / {max(s['stale/max'] for s in steps):.0f}",
             f"  rollout idle             {mean(steps, 'rollout/idle_frac'):.0%} of the workers' time",
-            f"  time per step            {mean(steps, 'perf/step_s'):.2f} s (rollout wait {mean(steps, 'perf/rollout_wait_s'):.2f}, "
+            f"  time per step            {mean(steps, 'perf/step_s'):.2f} s "
+            f"(rollout wait {mean(steps, 'perf/rollout_wait_s'):.2f}, "
             f"prox logp {mean(steps, 'perf/prox_logp_s'):.2f}, train {mean(steps, 'perf/train_s'):.2f}, "
             f"weight sync {mean(steps, 'perf/weight_sync_s'):.2f})",
             f"  generated tokens/s       {mean(steps, 'perf/tokens_per_s'):.0f}",

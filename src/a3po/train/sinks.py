@@ -23,13 +23,15 @@ class Sinks:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"),
+                                     purge_step=resume_step + 1 if resume_step is not None else None)
         self._wandb = None
         if wandb:
             try:
                 import wandb as wandb_mod
             except ImportError:
-                raise ValueError("logging.wandb=true needs the wandb package: pip install wandb (then wandb login)") from None
+                raise ValueError("logging.wandb=true needs the wandb package: "
+                                 "pip install wandb (then wandb login)") from None
             self._wandb = wandb_mod.init(project=wandb_project, config=config, dir=str(run_dir), resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
