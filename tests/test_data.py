@@ -6,7 +6,6 @@ real threads and a real second Python process for pickled rewards; no mocks.
 
 import importlib.util
 import json
-import math
 import pickle
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from a3po.config.schema import DatasetConfig
 from a3po.data import (
     DataError,
     Example,
-    SafeReward,
     build_messages,
     build_reward,
     extract_final_answer,
@@ -243,12 +241,16 @@ def test_exact_reward(completion, answer, expected):
     ("\\boxed{\\frac{1}{3}}", "0.5", 0.0),
     ("I do not know", "0.5", 0.0),
 ])
-def test_math_verify_reward_works_inside_a_worker_thread(completion, answer, expected):
-    # SafeReward calls from a non-main thread, where math_verify's own signal timeouts would raise
+def test_math_verify_reward_works_off_the_main_thread(completion, answer, expected):
+    # math_verify's own signal timeouts would raise outside the main thread; they are off
     for reward_name in ("math_verify", "task"):  # task falls back to math_verify for files
         cfg = DatasetConfig(task="file", path="unused", reward=reward_name)
-        reward = SafeReward(build_reward(cfg, replace_task_name("file")), timeout_s=10)
-        assert reward(completion, file_example(answer)) == (expected, None)
+        reward = build_reward(cfg, replace_task_name("file"))
+        box = []
+        t = threading.Thread(target=lambda r=reward, b=box: b.append(r(completion, file_example(answer))))
+        t.start()
+        t.join(60)
+        assert box == [expected]
 
 
 def replace_task_name(name):
@@ -305,55 +307,6 @@ def test_pickled_rewards_score_in_a_fresh_process(tmp_path, monkeypatch):
                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[1.0, 1.0, 1.0]"
-
-
-# ---------------------------------------------------------------- SafeReward
-
-
-def raises(completion, example):
-    raise ValueError("bad input")
-
-
-RELEASE = threading.Event()
-
-
-def hangs(completion, example):
-    """Returns 1.0, but only once the test releases it: an abandoned call is one still running."""
-    RELEASE.wait(timeout=60)
-    return 1.0
-
-
-def test_safe_reward_turns_failures_into_zero_with_a_reason():
-    ex = file_example("1")
-    assert SafeReward(raises, 1.0)("x", ex) == (0.0, "ValueError: bad input")
-    assert SafeReward(lambda c, e: math.nan, 1.0)("x", ex) == (0.0, "non-finite reward nan")
-    assert SafeReward(lambda c, e: math.inf, 1.0)("x", ex) == (0.0, "non-finite reward inf")
-    reward, why = SafeReward(lambda c, e: "1.0", 1.0)("x", ex)
-    assert reward == 0.0 and why.startswith("non-numeric reward '1.0'")
-    assert SafeReward(lambda c, e: None, 1.0)("x", ex)[1].startswith("non-numeric reward None")
-    assert SafeReward(lambda c, e: True, 1.0)("x", ex) == (1.0, None)
-    assert SafeReward(lambda c, e: 0.25, 1.0)("x", ex) == (0.25, None)
-
-
-def test_safe_reward_abandons_a_hung_call_on_a_daemon_thread():
-    RELEASE.clear()
-    safe = SafeReward(hangs, timeout_s=0.2)
-    try:
-        assert safe("x", file_example("1")) == (0.0, "timeout after 0.2s")
-        assert safe.abandoned == 1
-        # it returned while the call was still blocked: abandoned, on a daemon thread
-        running = [t for t in threading.enumerate() if t.name == "a3po-reward"]
-        assert running and all(t.is_alive() and t.daemon for t in running)
-    finally:
-        RELEASE.set()
-    assert SafeReward(hangs, timeout_s=5)("x", file_example("1")) == (1.0, None)  # released: it answers
-
-
-def test_safe_reward_is_picklable_with_a_built_reward():
-    data = load_task(DatasetConfig(size=5), 2, 0)
-    safe = pickle.loads(pickle.dumps(SafeReward(build_reward(DatasetConfig(), data), 5.0)))
-    ex = data.eval[0]
-    assert safe(f"The answer is {ex.answer}", ex) == (1.0, None)
 
 
 # ---------------------------------------------------------------- extraction

@@ -148,7 +148,8 @@ class DatasetConfig:
     system_prompt: str | None = opt(None, "system message put before each question; null = the chat template's default")
     batch_size: int = opt(4, "prompts per training step", ge=1)
     size: int = opt(20000, "examples generated for a procedural task", ge=1)
-    reward_timeout_s: float = opt(5.0, "a reward call running longer than this scores 0 and counts as a failure", gt=0)
+    reward_timeout_s: float = opt(5.0, "a reward call running longer than this is ended (its scoring process is "
+                                       "killed), scores 0 and counts as a failure", gt=0)
     max_reward_failure_frac: float = opt(0.5, "stop the run when more than this share of a step's reward calls failed",
                                          ge=0, le=1)
     dynamic_filtering: bool = opt(False, "drop groups whose rewards are all equal (no learning signal) "

@@ -1,8 +1,7 @@
-"""Reward functions (completion text, Example) -> float, and `SafeReward`, which makes any of them safe to call.
+"""Reward functions (completion text, Example) -> float.
 
-    reward_fn = build_reward(cfg.train_dataset, data)              # picklable: send it to worker processes
-    safe = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
-    reward, failure = safe(completion, example)                    # failure: None or a short reason
+    reward_fn = build_reward(cfg.train_dataset, data)   # picklable: it is scored in a child process
+                                                        # with a timeout (data/scoring.py)
 
 `train_dataset.reward` chooses the function:
 - task: the reasoning-gym task's own `score_answer`, applied to the final answer extracted
@@ -24,11 +23,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
@@ -198,7 +195,7 @@ class MathVerifyReward:
     """1.0 if math_verify finds the completion's answer equal to the reference, else 0.0.
 
     The timeouts are off (they use signals, which raise outside the main thread);
-    `SafeReward` bounds the time instead.
+    the scoring process (data/scoring.py) bounds the time instead.
     """
 
     def __call__(self, completion: str, example: Example) -> float:
@@ -330,50 +327,3 @@ def build_reward(cfg: DatasetConfig, task: TaskData) -> RewardFn:
 
 
 # ---------------------------------------------------------------- safe calls
-
-
-class SafeReward:
-    """Calls a reward function with a time limit and turns every failure into (0.0, reason).
-
-    The call runs in a fresh daemon thread. Python cannot kill a thread, so a call that
-    overruns is abandoned, not stopped: it keeps its CPU until it returns on its own
-    (`abandoned` counts them), and, being a daemon thread, never delays process exit.
-    Math parsers that hang on adversarial input are the usual culprit; their own signal
-    timeouts do not work off the main thread.
-    """
-
-    def __init__(self, fn: RewardFn, timeout_s: float):
-        self.fn, self.timeout_s = fn, float(timeout_s)
-        self.abandoned = 0
-
-    def __call__(self, completion: str, example: Example) -> tuple[float, str | None]:
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = self.fn(completion, example)
-            except BaseException as e:  # noqa: BLE001 - a user function may raise anything, SystemExit included
-                box["error"] = e
-
-        thread = threading.Thread(target=run, name="a3po-reward", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
-        if thread.is_alive():
-            self.abandoned += 1
-            return 0.0, f"timeout after {self.timeout_s:g}s"
-        if "error" in box:
-            e = box["error"]
-            return 0.0, f"{type(e).__name__}: {e}"[:300]
-        return _checked(box["value"])
-
-
-def _checked(value: Any) -> tuple[float, str | None]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-        return 0.0, f"non-numeric reward {value!r:.80} ({type(value).__name__})"
-    try:
-        reward = float(value)
-    except (TypeError, ValueError) as e:
-        return 0.0, f"non-numeric reward {value!r:.80} ({type(e).__name__}: {e})"
-    if not math.isfinite(reward):
-        return 0.0, f"non-finite reward {reward}"
-    return reward, None

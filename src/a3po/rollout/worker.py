@@ -23,7 +23,7 @@ import torch
 
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
-from a3po.data import Example, SafeReward
+from a3po.data import Example, RewardProcess
 from a3po.rollout.engine import Completion, GenerationRequest
 from a3po.rollout.prompts import encode_prompt
 from a3po.trajectories import Trajectory
@@ -98,8 +98,9 @@ class _Worker:
             reprefill_on_update=cfg.rollout.weight_update == "reprefill",
         )
         self.engine.update_weights(weights, version)
-        self.reward = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
+        self.reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
         self.groups: dict[int, tuple[Work, list[Completion]]] = {}
+        self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
         self.t_ready = time.perf_counter()
         self.idle_s = 0.0
 
@@ -124,14 +125,22 @@ class _Worker:
             return
         del self.groups[slot]
         done.sort(key=lambda x: x.rid[1])
-        trajs, failures = [], []
-        for comp in done:
-            reward, failure = self.reward(self.tok.decode(comp.output_ids, skip_special_tokens=True), work.example)
-            if failure:
-                failures.append(failure)
-            trajs.append(Trajectory(comp.prompt_ids, comp.output_ids, comp.output_logprobs, comp.output_versions,
-                                    reward=reward, finish_reason=comp.finish_reason))
-        self.outbox.put(GroupDone(self.id, slot, trajs, failures, **self.clock()))
+        self.scoring[slot] = (work, done, {})
+        for comp in done:  # scored in the reward process while generation goes on
+            self.reward.submit(comp.rid, self.tok.decode(comp.output_ids, skip_special_tokens=True), work.example)
+
+    def scored(self) -> None:
+        """Send every group whose rewards have all arrived."""
+        for (slot, i), reward, failure in self.reward.poll():
+            work, done, rewards = self.scoring[slot]
+            rewards[i] = (reward, failure)
+            if len(rewards) < len(done):
+                continue
+            del self.scoring[slot]
+            trajs = [Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions,
+                                reward=rewards[c.rid[1]][0], finish_reason=c.finish_reason) for c in done]
+            failures = [f for _, f in (rewards[c.rid[1]] for c in done) if f]
+            self.outbox.put(GroupDone(self.id, slot, trajs, failures, **self.clock()))
 
     def handle(self, msg) -> bool:
         """Apply one control message; False means stop."""
@@ -152,6 +161,7 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
     keep_freed_memory()
     torch.set_num_threads(threads)
     parent = os.getppid()
+    w = None
     try:
         w = _Worker(worker_id, cfg, reward_fn, weights, version, outbox)
         outbox.put(Ready(worker_id))
@@ -160,8 +170,9 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
             idle = w.engine.num_pending == 0
             msgs = []
             t0 = time.perf_counter()
-            try:
-                msgs.append(inbox.get(timeout=1.0) if idle else inbox.get_nowait())
+            try:  # with nothing to generate, wait for messages (briefly while rewards are being scored)
+                wait = (0.02 if w.reward.pending else 1.0) if idle else 0.0
+                msgs.append(inbox.get(timeout=wait) if wait else inbox.get_nowait())
                 while True:
                     msgs.append(inbox.get_nowait())
             except queue.Empty:
@@ -174,5 +185,9 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
                 return
             for c in w.engine.step():
                 w.finish(c)
+            w.scored()
     except Exception as e:  # reported to the trainer, which stops the run with this message
         outbox.put(WorkerFailed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if w is not None:
+            w.reward.close()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from a3po.config import Config
-from a3po.data import Example, SafeReward
+from a3po.data import Example, RewardProcess
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
 
 
-def evaluate(model, tokenizer, examples: list[Example], reward: SafeReward, cfg: Config) -> dict[str, float]:
+def evaluate(model, tokenizer, examples: list[Example], reward: RewardProcess, cfg: Config) -> dict[str, float]:
     """eval/accuracy: share of examples whose greedy completion scores >= 1; eval/reward: mean score."""
     engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode,
                          max_batch=64, pad_id=tokenizer.pad_token_id)
@@ -19,6 +19,7 @@ def evaluate(model, tokenizer, examples: list[Example], reward: SafeReward, cfg:
         for i, ex in enumerate(examples)
     ]
     outs = generate(engine, requests)
-    scores = [reward(tokenizer.decode(o.output_ids, skip_special_tokens=True), ex)[0] for o, ex in zip(outs, examples)]
+    texts = [tokenizer.decode(o.output_ids, skip_special_tokens=True) for o in outs]
+    scores = [r for r, _ in reward.score_all(list(zip(texts, examples)))]
     n = max(1, len(scores))
     return {"eval/accuracy": sum(s >= 1.0 - 1e-6 for s in scores) / n, "eval/reward": sum(scores) / n}

@@ -21,7 +21,7 @@ import transformers
 from tqdm import tqdm
 
 from a3po.config import Config, ConfigError, dump_yaml, load_config, to_dict
-from a3po.data import DataError, SafeReward, build_reward, load_task
+from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
@@ -109,7 +109,7 @@ def _train(cfg: Config, resume: str | None) -> int:
             lender.attach(m)
     sinks = None
     trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
-    eval_reward = SafeReward(reward_fn, cfg.train_dataset.reward_timeout_s)
+    eval_reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
     history: list[dict] = []
     step = start_step
     try:
@@ -153,6 +153,7 @@ def _train(cfg: Config, resume: str | None) -> int:
     finally:
         trainer.close()
         pool.close()
+        eval_reward.close()
         if sinks is not None:
             sinks.close()
     print(summary(history, run_dir, time.perf_counter() - t_start))

@@ -1,0 +1,184 @@
+"""Reward calls in a real child process (data/scoring.py): failures become (0, reason), a call
+that overruns its timeout is really ended (even one holding the GIL), a dead child is replaced,
+and the caller never blocks. The reward functions live in a module written to tmp_path and
+are named `module:function`, as a user's are."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from a3po.config.schema import DatasetConfig
+from a3po.data import Example, RewardProcess, TaskData, build_reward, load_task
+
+REWARDS = '''
+import math, os, re, time
+
+def raises(completion, example):
+    raise ValueError("bad input")
+
+def nan(completion, example):
+    return math.nan
+
+def text(completion, example):
+    return "1.0"
+
+def nothing(completion, example):
+    return None
+
+def boolean(completion, example):
+    return True
+
+def quarter(completion, example):
+    return 0.25
+
+def echo_length(completion, example):
+    print("a reward that prints to stdout")  # must not break the answers' framing
+    return float(len(completion))
+
+def regex_bomb(completion, example):
+    # catastrophic backtracking inside the C regex engine: no thread timeout can interrupt it
+    if completion == "bomb":
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    return 1.0
+
+def dies(completion, example):
+    if completion == "die":
+        os._exit(3)
+    return 1.0
+
+def exits(completion, example):
+    raise SystemExit(0)
+'''
+
+
+@pytest.fixture
+def reward_of(tmp_path, monkeypatch):
+    (tmp_path / "fault_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    made = []
+
+    def make(name: str, timeout_s: float = 10.0) -> RewardProcess:
+        fn = build_reward(DatasetConfig(reward=f"fault_rewards:{name}"), TaskData("chain_sum", [], []))
+        made.append(RewardProcess(fn, timeout_s))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+EX = Example("What is 1 + 1?", "2", 0)
+
+
+def test_failures_are_answers_with_a_reason(reward_of):
+    cases = {"raises": (0.0, "ValueError: bad input"), "nan": (0.0, "non-finite reward nan"),
+             "boolean": (1.0, None), "quarter": (0.25, None), "exits": (0.0, "SystemExit: 0")}
+    for name, expected in cases.items():
+        assert reward_of(name).score_all([("x", EX)]) == [expected], name
+    assert reward_of("text").score_all([("x", EX)])[0][1].startswith("non-numeric reward '1.0'")
+    assert reward_of("nothing").score_all([("x", EX)])[0][1].startswith("non-numeric reward None")
+
+
+def test_answers_come_back_in_order_and_prints_do_not_break_them(reward_of):
+    r = reward_of("echo_length")
+    assert r.score_all([("a" * n, EX) for n in range(20)]) == [(float(n), None) for n in range(20)]
+    assert r.restarts == 0  # one child answered them all
+
+
+def test_a_gil_holding_call_is_killed_at_its_timeout_and_the_next_call_answered(reward_of):
+    r = reward_of("regex_bomb", timeout_s=0.5)
+    assert r.score_all([("ok", EX), ("bomb", EX), ("ok", EX)]) == [(1.0, None), (0.0, "timeout after 0.5s"),
+                                                                   (1.0, None)]
+    assert r.restarts == 1
+
+
+def test_poll_never_blocks_on_a_running_call(reward_of):
+    r = reward_of("regex_bomb", timeout_s=30)
+    r.submit("k", "bomb", EX)
+    assert r.poll() == [] and r.pending == 1  # still running: nothing to report, no wait
+    r.close()
+    assert r.pending == 0
+
+
+def test_a_child_that_dies_is_replaced(reward_of):
+    r = reward_of("dies")
+    assert r.score_all([("die", EX), ("fine", EX)]) == [(0.0, "reward process exited with status 3"), (1.0, None)]
+    assert r.restarts == 1
+
+
+def test_a_built_reward_scores_in_the_child():
+    data = load_task(DatasetConfig(size=5), 2, 0)
+    ex = data.eval[0]
+    r = RewardProcess(build_reward(DatasetConfig(), data), 10)
+    try:
+        assert r.score_all([(f"The answer is {ex.answer}", ex), ("no idea", ex)]) == [(1.0, None), (0.0, None)]
+    finally:
+        r.close()
+
+
+@pytest.mark.slow
+def test_the_child_exits_when_its_parent_is_killed(tmp_path):
+    """The child reads end-of-file when its parent dies, whatever it was doing, and exits."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent('''
+        import sys, time
+        from a3po.config.schema import DatasetConfig
+        from a3po.data import Example, RewardProcess, TaskData, build_reward
+        r = RewardProcess(build_reward(DatasetConfig(), TaskData("chain_sum", [], [])), 60)
+        print(r.score_all([("1", Example("q", "1", 0))]), r._proc.pid, flush=True)
+        time.sleep(600)
+    '''))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        answer, _, child = parent.stdout.readline().rpartition(" ")
+        assert answer == "[(1.0, None)]"
+        child = int(child)
+        os.kill(child, 0)  # alive while its parent is
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+    assert wait_gone(child, 10), "the reward child outlived its killed parent by 10 s"
+
+
+def wait_gone(pid: int, seconds: float) -> bool:
+    """True once pid has exited (a zombie nobody reaped counts as exited)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_a_run_goes_on_when_the_reward_hangs_on_some_completions(tmp_path):
+    """A real `a3po train` whose reward holds the GIL forever on a third of the completions:
+    each such call costs its timeout once, the run finishes every step, the failures are counted."""
+    (tmp_path / "hang_rewards.py").write_text(textwrap.dedent('''
+        import re, zlib
+        def sometimes_hangs(completion, example):
+            if zlib.crc32(completion.encode()) % 3 == 0:
+                re.match(r"(a+)+$", "a" * 64 + "b")
+            return 1.0
+    '''))
+    res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", "--preset", "tiny", "logging.tensorboard=false",
+                          "total_train_steps=3", "train_dataset.reward=hang_rewards:sometimes_hangs",
+                          "train_dataset.reward_timeout_s=0.3", "train_dataset.max_reward_failure_frac=1.0"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "stale/max" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    failures = sum(r["rollout/reward_failures"] for r in steps)
+    assert 0 < failures < 3 * 16  # some hung, not all (3 steps of 4 prompts x 4 samples)
+    assert any(r["rollout/reward_mean"] > 0 for r in steps)  # the calls that did not hang scored 1
