@@ -22,6 +22,7 @@ from a3po import __version__
 from a3po.allocator import keep_freed_memory
 from a3po.config import ConfigError, all_keys, dump_yaml, load_config
 from a3po.config.load import default_of, presets, type_name
+from a3po.train.checkpoint import CheckpointError, resume_config
 
 EXIT_USAGE = 2
 
@@ -36,6 +37,12 @@ def keys_help() -> str:
         lines.append(f"  {key} ({type_name(f.type)}, default {default!r}){extra}")
         lines.extend(textwrap.wrap(rules["help"], width=88, initial_indent=" " * 6, subsequent_indent=" " * 6))
     return "\n".join(lines)
+
+
+def bad_input(kind: str, e: Exception) -> int:
+    """Print the one line a bad input ends in and give its exit code; a wrapped library message may span lines."""
+    print(f"a3po: {kind}: {' '.join(str(e).splitlines())}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -203,14 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _bench(args, argv[2:])
         except ConfigError as e:
-            print(f"a3po: config error: {e}", file=sys.stderr)
-            return EXIT_USAGE
+            return bad_input("config error", e)
         except KeyboardInterrupt:
             return 130
     try:
         if getattr(args, "resume", None):
-            from a3po.train.run import resume_config
-
             if args.config or args.preset:
                 raise ConfigError("--resume takes its configuration from the run directory; "
                                   "drop --config/--preset (key=value overrides are allowed)")
@@ -218,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = load_config(args.config, args.overrides, preset=args.preset)
     except ConfigError as e:
-        print(f"a3po: config error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return bad_input("config error", e)
+    except CheckpointError as e:
+        return bad_input("error", e)
     if args.command == "config":
         sys.stdout.write(dump_yaml(cfg))
         return 0

@@ -25,6 +25,7 @@ trimmed to their own longest row (tight padding).
 from __future__ import annotations
 
 import copy
+import pickle
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -293,7 +294,9 @@ class TrainEngine:
         return self.model.state_dict()
 
     def save(self, directory: str | Path, tokenizer=None) -> None:
-        """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume."""
+        """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume.
+
+        trainer_state.pt holds only tensors and plain types, so `load` can read it with weights_only=True."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(d, safe_serialization=True)
@@ -307,20 +310,51 @@ class TrainEngine:
         }, d / STATE_FILE)
 
     def load(self, directory: str | Path) -> None:
-        """Restore what `save` wrote into this engine (same architecture, same config)."""
-        from safetensors.torch import load_file
+        """Restore what `save` wrote into this engine (same architecture, same config).
 
+        Everything is read and checked before anything is applied, so a checkpoint that turns
+        out unreadable leaves the engine as it was and resume can try an older one."""
         d = Path(directory)
-        weights = {}
-        for f in sorted(d.glob("*.safetensors")):
-            weights.update(load_file(f))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        tied = {k for k in missing if k.endswith("lm_head.weight")} if self.model.config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
+        weights = _read_weights(d)
+        missing, unexpected = _mismatch(self.model, weights)
+        if missing or unexpected:
             raise ValueError(f"checkpoint {d} does not match the model: "
-                             f"missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]}")
-        state = torch.load(d / STATE_FILE, weights_only=False)
+                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        state = _read_state(d / STATE_FILE)
+        self.model.load_state_dict(weights, strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
+
+
+def _read_state(path: Path) -> dict:
+    """weights_only: a run folder may come from someone else, and a full unpickle runs any code it holds.
+
+    torch's own message for a refused file suggests weights_only=False, the one thing not to do here."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path.name} is corrupt or holds more than tensors and plain values "
+                         "(refused unread: loading it could run code)") from None
+
+
+def _read_weights(d: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {d} has no *.safetensors weights")
+    weights = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
+def _mismatch(model, weights: dict[str, Tensor]) -> tuple[list[str], list[str]]:
+    """Names the checkpoint lacks (a tied lm_head aside) and names the model lacks, or shapes that differ."""
+    own = model.state_dict()
+    tied = model.config.tie_word_embeddings
+    missing = sorted(k for k in own if k not in weights and not (tied and k.endswith("lm_head.weight")))
+    unexpected = sorted(k for k in weights if k not in own or weights[k].shape != own[k].shape)
+    return missing, unexpected

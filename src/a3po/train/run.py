@@ -20,20 +20,21 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from a3po.config import Config, ConfigError, dump_yaml, load_config, to_dict
+from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
 from a3po.sync import SharedWeights
-from a3po.train.checkpoint import latest_checkpoint, load_run_state, save_checkpoint
+from a3po.train.checkpoint import CheckpointError, atomic_write_text, latest_checkpoint, save_checkpoint
+from a3po.train.checkpoint import resume as resume_checkpoint
 from a3po.train.cores import CoreLender
 from a3po.train.engine import TrainEngine
 from a3po.train.evaluate import evaluate
 from a3po.train.loop import RewardFailureError, StalenessError, Trainer
 from a3po.train.sinks import Sinks
 
-USER_ERRORS = (ConfigError, DataError, ModelSourceError)
+USER_ERRORS = (ConfigError, DataError, ModelSourceError, CheckpointError)
 
 
 def new_run_dir(cfg: Config) -> Path:
@@ -50,15 +51,6 @@ def unique_dir(base: Path) -> Path:
     return path
 
 
-def resume_config(run_dir: str, overrides: list[str]) -> Config:
-    path = Path(run_dir)
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.yaml there; pass a run directory made by `a3po train`")
-    if latest_checkpoint(path) is None:
-        raise ConfigError(f"--resume {run_dir}: it has no complete checkpoint to resume from")
-    return load_config(path / "config.yaml", overrides)
-
-
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -67,7 +59,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
     try:
         return _train(cfg, resume)
     except USER_ERRORS as e:
-        say(f"a3po: error: {e}")
+        say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
         return 2
 
 
@@ -85,15 +77,13 @@ def _train(cfg: Config, resume: str | None) -> int:
 
     if resume:
         run_dir = Path(resume)
-        ckpt = latest_checkpoint(run_dir)
-        engine.load(ckpt)
-        state = load_run_state(ckpt)
+        ckpt, state = resume_checkpoint(run_dir, engine, warn=say)
         start_step, cursor = state["step"], state["data_cursor"]
         say(f"a3po: resuming {run_dir} from {ckpt.name} (step {start_step})")
     else:
         run_dir = new_run_dir(cfg)
         start_step, cursor = 0, 0
-    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
     order = DataOrder(len(data.train), cfg.seed, cursor)
 
     say(f"a3po: run directory {run_dir}")

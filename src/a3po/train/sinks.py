@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from a3po.train.checkpoint import atomic_write_text
+
 
 class Sinks:
     def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: bool = False, wandb_project: str = "a3po",
@@ -64,5 +66,5 @@ def truncate_after(path: Path, step: int) -> None:
                 kept.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut short by a crash
-    path.write_text("".join(line + "\n" for line in kept))
+    atomic_write_text(path, "".join(line + "\n" for line in kept))  # a crash now must not lose the rest
 
