@@ -142,6 +142,10 @@ def test_yaml_errors(tmp_path):
     bool_as_int = tmp_path / "bool.yaml"
     bool_as_int.write_text("gconfig:\n  n_samples: true\n")
     assert "expected int" in error_of(path=bool_as_int)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"seed: 1\nexperiment_name: caf\xe9\n")
+    assert "not UTF-8 text (byte 0xe9 on line 2)" in error_of(path=latin1)
+    assert "is a directory" in error_of(path=tmp_path)
 
 
 def run_cli(*args):

@@ -187,6 +187,16 @@ def test_missing_empty_and_too_small_files(tmp_path):
     assert "train_dataset.path" in error_of(load_task, DatasetConfig(task="file"), 1, 0)
 
 
+def test_non_utf8_jsonl_names_the_line_and_a_bom_is_fine(tmp_path):
+    rows = "".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(3))
+    (tmp_path / "latin1.jsonl").write_bytes(rows.encode() + b'{"question": "caf\xe9", "answer": "4"}\n')
+    msg = error_of(load_task, file_cfg(tmp_path / "latin1.jsonl"), 1, 0)
+    assert "latin1.jsonl:4: not UTF-8" in msg and "0xe9" in msg and "save the file as UTF-8" in msg
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + rows.encode())
+    data = load_task(file_cfg(tmp_path / "bom.jsonl"), 1, 0)
+    assert sorted(e.question for e in data.train + data.eval) == ["q0", "q1", "q2"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("pyarrow") is not None, reason="pyarrow is installed")
 def test_parquet_without_pyarrow_says_what_to_install(tmp_path):
     (tmp_path / "d.parquet").write_bytes(b"PAR1")

@@ -181,10 +181,16 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file '{p}' is a directory; pass a YAML file to --config")
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist; pass an existing YAML file to --config")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{p}' is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
+                          "save it as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

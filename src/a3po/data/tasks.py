@@ -221,8 +221,15 @@ def _read_rows(path: Path) -> Iterator[tuple[Any, str]]:
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[Any, str]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    """Read as bytes and decoded line by line, so a non-UTF-8 byte is reported with its line and column."""
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise DataError(f"train_dataset.path {str(path)!r} cannot be read ({e.strerror}): "
+                        f"check its permissions") from None
+    with f:
+        for n, raw in enumerate(f, 1):
+            line = _decode(raw, path, n)
             if not line.strip():
                 continue
             try:
@@ -231,6 +238,15 @@ def _read_jsonl(path: Path) -> Iterator[tuple[Any, str]]:
                 raise DataError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno}): "
                                 f"make each line one JSON object") from None
             yield row, f"{path}:{n}"
+
+
+def _decode(raw: bytes, path: Path, n: int) -> str:
+    """One line as text; a UTF-8 byte-order mark at the start of the file is allowed (some editors write one)."""
+    try:
+        return raw.decode("utf-8-sig" if n == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}): "
+                        "save the file as UTF-8 (e.g. iconv -f <its encoding> -t utf-8)") from None
 
 
 def _read_parquet(path: Path) -> Iterator[tuple[Any, str]]:
