@@ -295,11 +295,13 @@ def _user_reward(spec: str) -> ModuleReward:
         raise DataError(f"train_dataset.reward={spec!r}: importing {module_name!r} raised "
                         f"{type(e).__name__}: {e}") from None
     if not callable(fn):
-        raise DataError(f"train_dataset.reward={spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
+        raise DataError(f"train_dataset.reward={spec!r}: {attr!r} is of type {type(fn).__name__}, not a function; "
+                        "point it at a function (completion, example) -> float")
     try:
         inspect.signature(fn).bind("completion", "example")
     except TypeError:
-        raise DataError(f"train_dataset.reward={spec!r}: {attr} must accept (completion, example)") from None
+        raise DataError(f"train_dataset.reward={spec!r}: {attr} must accept (completion, example); "
+                        f"define it as def {attr.rsplit('.', 1)[-1]}(completion, example) -> float") from None
     except ValueError:
         pass  # no signature to inspect (some builtins): trust it
     return reward
