@@ -32,7 +32,7 @@ from a3po.train.cores import CoreLender
 from a3po.train.engine import TrainEngine
 from a3po.train.evaluate import evaluate
 from a3po.train.loop import RewardFailureError, StalenessError, Trainer
-from a3po.train.sinks import Sinks
+from a3po.train.sinks import Sinks, check_backends
 
 USER_ERRORS = (ConfigError, DataError, ModelSourceError, CheckpointError)
 
@@ -67,6 +67,7 @@ def _train(cfg: Config, resume: str | None) -> int:
     t_start = time.perf_counter()
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
     # Setup: everything that can fail on bad input fails here, before any process starts.
+    check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)

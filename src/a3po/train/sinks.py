@@ -7,16 +7,32 @@ flushed after every line, so a crash loses at most the step in progress.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
 
+from a3po.config import ConfigError
 from a3po.train.checkpoint import atomic_write_text
+
+BACKENDS = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb (then wandb login)"}
+
+
+def check_backends(**enabled: bool) -> None:
+    """Refuse an enabled backend whose package is missing while nothing is started or written yet.
+
+    Found out only when Sinks opens it, the run folder and the workers already exist;
+    `a3po train` calls this in its set-up, and Sinks again for anyone else who opens one."""
+    for name, on in enabled.items():
+        if on and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"logging.{name}=true needs the {name} package: {BACKENDS[name]}, "
+                              f"or set logging.{name}=false")
 
 
 class Sinks:
     def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: bool = False, wandb_project: str = "a3po",
                  config: dict | None = None, resume_step: int | None = None):
+        check_backends(tensorboard=tensorboard, wandb=wandb)
         self.path = Path(run_dir) / "metrics.jsonl"
         if resume_step is not None:
             truncate_after(self.path, resume_step)
@@ -29,11 +45,8 @@ class Sinks:
                                      purge_step=resume_step + 1 if resume_step is not None else None)
         self._wandb = None
         if wandb:
-            try:
-                import wandb as wandb_mod
-            except ImportError:
-                raise ValueError("logging.wandb=true needs the wandb package: "
-                                 "pip install wandb (then wandb login)") from None
+            import wandb as wandb_mod
+
             self._wandb = wandb_mod.init(project=wandb_project, config=config, dir=str(run_dir), resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
