@@ -1,0 +1,184 @@
+"""Every bad input ends in one line on stderr, exit status 2, no traceback, and nothing saved changed.
+
+Each case runs `python -m a3po.cli train ...` as a user would, in a fresh tmp_path holding
+the bad file, folder or module, and a run folder that already exists (runs/tiny, where a new
+tiny run would go). After the failure every file under runs/ must be byte-identical and no
+file may have appeared there: a failed start creates no run folder and a failed resume
+rewrites nothing. The resume cases start from a real run folder made once by a real run.
+
+Configuration errors fail before torch is imported (a fraction of a second); the rest load
+torch first and are marked slow.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+TINY = ["--preset", "tiny", "logging.tensorboard=false"]
+FILE = ["train_dataset.task=file"]
+PREFIXES = ("a3po: error: ", "a3po: config error: ")
+ROWS = "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(40))
+
+
+def a3po(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A real run folder with one checkpoint, from one real step of the tiny preset."""
+    cwd = tmp_path_factory.mktemp("trained")
+    res = a3po([*TINY, "total_train_steps=1", "saver.freq_steps=1", "evaluator.freq_steps=0"], cwd)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return cwd / "runs" / "tiny"
+
+
+def write_inputs(d: Path) -> None:
+    """The bad (and a few good) inputs the cases point at, relative to the working directory d."""
+    (d / "runs" / "tiny").mkdir(parents=True)
+    (d / "runs" / "tiny" / "keep.txt").write_text("written before the failing command\n")
+    (d / "bad.yaml").write_text("actor: [unclosed\n")
+    (d / "unknown.yaml").write_text("actor:\n  pth: tiny\n")
+    (d / "latin1.yaml").write_bytes(b"experiment_name: caf\xe9\n")
+    (d / "good.jsonl").write_text(ROWS)
+    (d / "latin1.jsonl").write_bytes(ROWS.encode() + b'{"question": "caf\xe9?", "answer": "1"}\n')
+    (d / "broken.jsonl").write_text(ROWS + '{"question": oops}\n')
+    (d / "nocol.jsonl").write_text(ROWS + '{"q": "a", "answer": "1"}\n')
+    (d / "empty.jsonl").write_text("")
+    (d / "few.jsonl").write_text(ROWS[: ROWS.index("\n", 100) + 1])
+    (d / "data.csv").write_text("question,answer\n1+1,2\n")
+    (d / "afile").write_text("not a model\n")
+    (d / "brokencfg").mkdir()
+    (d / "brokencfg" / "config.json").write_text("{not json")
+    (d / "noweights").mkdir()
+    (d / "noweights" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 300}))
+    (d / "rw_value.py").write_text("score = 3\n")
+    (d / "rw_arity.py").write_text("def score(completion):\n    return 1.0\n")
+    (d / "rw_raises.py").write_text("raise RuntimeError('configure me first')\n")
+
+
+def model_without_tokenizer(d: Path, run: Path) -> None:
+    src = run / "checkpoints" / "step_000001"
+    (d / "notok").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(src / name, d / "notok" / name)
+
+
+def copy_run(d: Path, run: Path, change: Callable[[Path], None] = lambda run: None) -> None:
+    """The trained run copied over runs/tiny, then damaged by `change`."""
+    shutil.rmtree(d / "runs" / "tiny")
+    shutil.copytree(run, d / "runs" / "tiny")
+    change(d / "runs" / "tiny")
+
+
+def ckpt(run: Path) -> Path:
+    return run / "checkpoints" / "step_000001"
+
+
+@dataclass
+class Case:
+    args: list[str]
+    needle: str  # a piece of the one line that says what is wrong
+    prepare: Callable[[Path, Path], None] | None = None  # (tmp_path, trained run) -> None
+    env: dict = field(default_factory=dict)  # "{tmp}" stands for the case's tmp_path
+    fast: bool = False  # fails before torch is imported
+
+
+NO_CACHE = {"HF_HOME": "{tmp}/hf", "HF_HUB_CACHE": "{tmp}/hf/hub"}  # an empty Hugging Face cache
+
+CASES = {
+    # configuration
+    "malformed-yaml": Case([*TINY, "--config", "bad.yaml"], "not valid YAML at line 2", fast=True),
+    "unknown-key": Case([*TINY, "actor.foo=1"], "unknown key 'actor.foo'", fast=True),
+    "unknown-key-in-yaml": Case([*TINY, "--config", "unknown.yaml"], "unknown key 'actor.pth'", fast=True),
+    "bad-value": Case([*TINY, "actor.optimizer.lr=abc"], "actor.optimizer.lr='abc' is not a number", fast=True),
+    "out-of-range": Case([*TINY, "rollout.max_head_offpolicyness=-1"], "must be >= 0", fast=True),
+    "config-not-utf8": Case([*TINY, "--config", "latin1.yaml"], "is not UTF-8", fast=True),
+    "config-missing": Case([*TINY, "--config", "nope.yaml"], "'nope.yaml' does not exist", fast=True),
+    "config-is-a-folder": Case([*TINY, "--config", "runs"], "is a directory", fast=True),
+    # dataset files
+    "data-missing": Case([*TINY, *FILE, "train_dataset.path=missing.jsonl"], "'missing.jsonl' does not exist"),
+    "data-not-utf8": Case([*TINY, *FILE, "train_dataset.path=latin1.jsonl"], "latin1.jsonl:41: not UTF-8"),
+    "data-broken-row": Case([*TINY, *FILE, "train_dataset.path=broken.jsonl"], "broken.jsonl:41: invalid JSON"),
+    "data-missing-column": Case([*TINY, *FILE, "train_dataset.path=nocol.jsonl"], "nocol.jsonl:41: missing key"),
+    "data-empty": Case([*TINY, *FILE, "train_dataset.path=empty.jsonl"], "holds no rows"),
+    "data-too-few-rows": Case([*TINY, *FILE, "train_dataset.path=few.jsonl"], "lower evaluator.size"),
+    "data-unsupported-type": Case([*TINY, *FILE, "train_dataset.path=data.csv"], "unsupported file type .csv"),
+    "unknown-task": Case([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
+    # model folders and hub ids
+    "model-missing": Case([*TINY, "actor.path=./no-such-model"], "no such directory"),
+    "model-is-a-file": Case([*TINY, "actor.path=./afile"], "is a file, not a model folder"),
+    "model-broken-config": Case([*TINY, "actor.path=./brokencfg"], "config.json' is not valid JSON"),
+    "model-no-weights": Case([*TINY, "actor.path=./noweights"], "has config.json but no weights"),
+    "model-no-tokenizer": Case([*TINY, "actor.path=./notok"], "could not load a tokenizer", model_without_tokenizer),
+    "hub-unreachable": Case([*TINY, "actor.path=a3po-nobody/no-such-model"], "hub cannot be reached",
+                            env={"HF_ENDPOINT": "http://127.0.0.1:9", **NO_CACHE}),  # refused at once
+    "hub-offline": Case([*TINY, "actor.path=a3po-nobody/no-such-model"], "HF_HUB_OFFLINE is set",
+                        env={"HF_HUB_OFFLINE": "1", **NO_CACHE}),
+    # rewards
+    "reward-module-missing": Case([*TINY, "train_dataset.reward=no_such_rewards:score"], "cannot import"),
+    "reward-not-callable": Case([*TINY, "train_dataset.reward=rw_value:score"], "not a function"),
+    "reward-wrong-signature": Case([*TINY, "train_dataset.reward=rw_arity:score"], "must accept (completion, example)"),
+    "reward-import-raises": Case([*TINY, "train_dataset.reward=rw_raises:score"], "configure me first"),
+    "reward-unknown-name": Case([*TINY, "train_dataset.reward=exactt"], "did you mean 'exact'"),
+    # resume folders
+    "resume-missing": Case(["--resume", "runs/gone"], "no such directory", fast=True),
+    "resume-a-file": Case(["--resume", "runs/tiny/keep.txt"], "is a file, not a run directory", fast=True),
+    "resume-not-a-run": Case(["--resume", "runs/tiny"], "not a run directory", fast=True),
+    "resume-with-preset": Case(["--resume", "runs/tiny", "--preset", "tiny"], "drop --config/--preset", fast=True),
+    "resume-no-checkpoint": Case(["--resume", "runs/tiny"], "saved no checkpoint",
+                                 lambda d, run: copy_run(d, run, lambda r: shutil.rmtree(r / "checkpoints"))),
+    "resume-broken-config": Case(["--resume", "runs/tiny"], "not valid YAML",
+                                 lambda d, run: copy_run(d, run, lambda r: (r / "config.yaml").write_text("a: [\n"))),
+    "resume-corrupt-state": Case(["--resume", "runs/tiny"], "trainer_state.pt is corrupt",
+                                 lambda d, run: copy_run(d, run, lambda r: (ckpt(r) / "trainer_state.pt")
+                                                         .write_bytes(b"garbage"))),
+    "resume-truncated-weights": Case(["--resume", "runs/tiny"], "SafetensorError",
+                                     lambda d, run: copy_run(d, run, lambda r: os.truncate(
+                                         ckpt(r) / "model.safetensors", 100))),
+    "resume-half-copied": Case(["--resume", "runs/tiny"], "run_state.json: No such file",
+                               lambda d, run: copy_run(d, run, lambda r: (ckpt(r) / "run_state.json").unlink())),
+    # logging backends
+    "wandb-not-installed": Case([*TINY, "logging.wandb=true"], "needs the wandb package"),
+}
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if c.fast else pytest.mark.slow) for n, c in CASES.items()])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, request):
+    case = CASES[name]
+    if name == "wandb-not-installed" and _installed("wandb"):
+        pytest.skip("wandb is installed here")
+    write_inputs(tmp_path)
+    if case.prepare is not None:
+        case.prepare(tmp_path, request.getfixturevalue("trained_run"))
+    env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}
+    before = snapshot(tmp_path / "runs")
+
+    res = a3po(case.args, tmp_path, env)
+
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert len(lines) == 1, res.stderr[-3000:]
+    assert lines[0].startswith(PREFIXES) and case.needle in lines[0], lines[0]
+    assert res.stdout == ""
+    assert snapshot(tmp_path / "runs") == before, "a failed command changed or added files under runs/"
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
