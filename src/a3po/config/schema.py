@@ -165,7 +165,8 @@ class EvalConfig:
 @dataclass
 class SaverConfig:
     freq_steps: int = opt(8, "save a checkpoint every this many steps (and at the end); 0 = only at the end", ge=0)
-    keep_last: int = opt(1, "checkpoints kept on disk (older ones are removed once a newer one is complete)", ge=1)
+    keep_last: int = opt(1, "checkpoints kept on disk (older ones are removed once a newer one is complete); "
+                              "2 or more leave --resume one to fall back on if the newest is damaged", ge=1)
 
 
 @dataclass

@@ -6,7 +6,7 @@ tb/ (TensorBoard) and checkpoints/ (Hugging Face format plus resume state).
 `a3po train --resume RUN_DIR` reloads its config and newest checkpoint and continues with
 the same step count, version, optimizer, scheduler, RNG and data position.
 
-Exit codes: 0 done, 1 failed during training (message printed), 2 bad configuration,
+Exit codes: 0 done, 1 failed during training (message printed), 2 bad configuration, resume folder,
 data or model (one line), 130 interrupted (workers stopped, last checkpoint intact).
 """
 
