@@ -12,9 +12,15 @@ Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, WorkerF
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -155,12 +161,16 @@ class _Worker:
         return True
 
 
+ORPHAN_POLL_S = 0.5  # how often a worker checks its parent pid besides watching the parent's pipe
+
+
 def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, outbox) -> None:
     """Entry point of a spawned rollout worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it stops us cleanly
+    _take_signals()
+    _name_process(f"a3po-rollout-{worker_id}")
+    _exit_when_orphaned()
     keep_freed_memory()
     torch.set_num_threads(threads)
-    parent = os.getppid()
     w = None
     try:
         w = _Worker(worker_id, cfg, reward_fn, weights, version, outbox)
@@ -181,13 +191,65 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
                 w.idle_s += time.perf_counter() - t0
             for m in msgs:
                 running = running and w.handle(m)
-            if os.getppid() != parent:  # the trainer died without stopping us
-                return
             for c in w.engine.step():
                 w.finish(c)
             w.scored()
     except Exception as e:  # reported to the trainer, which stops the run with this message
         outbox.put(WorkerFailed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return  # a normal exit, which waits until the message is sent (the watchdog ends it if no trainer reads)
     finally:
         if w is not None:
-            w.reward.close()
+            w.reward.close()  # its reward process reads end of file and exits
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Leave at once after Stop. The trainer reads nothing more, so results still buffered for it
+    are dropped, and the interpreter's own clean-up is skipped: collecting torch's and
+    transformers' objects took 2-3 s here, seconds the trainer would spend waiting for us."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _take_signals() -> None:
+    """Ctrl-C reaches every process of the terminal's group; stopping us is the trainer's job, so
+    SIGINT is ignored. SIGTERM keeps its default (exit at once: a worker has nothing to save).
+    The trainer blocked both while it started us (signals.blocked_in_children); unblocking now
+    drops a Ctrl-C that arrived while we were importing, instead of a traceback from the import."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+
+
+def _name_process(name: str) -> None:
+    """Show as `name` in ps, top and pgrep (Linux), not as one more `python`: an orphan is easy to find."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _exit_when_orphaned(poll_s: float = ORPHAN_POLL_S) -> None:
+    """End this process as soon as the trainer is gone (killed with SIGKILL, crashed), whatever we are doing.
+
+    A daemon thread waits on the pipe multiprocessing keeps open from the parent (it reads
+    end-of-file the moment the parent dies) and checks the parent pid every poll_s seconds in
+    case something else holds that pipe open. It calls os._exit: a normal exit would first
+    wait for the outbox's feeder thread to send what is buffered, and with no trainer left to
+    read, a full pipe makes that wait endless.
+    """
+    parent, ppid = multiprocessing.parent_process(), os.getppid()
+    sentinels = [parent.sentinel] if parent is not None else []
+
+    def watch() -> None:
+        while os.getppid() == ppid:
+            if sentinels:
+                if multiprocessing.connection.wait(sentinels, timeout=poll_s):
+                    break
+            else:
+                time.sleep(poll_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="a3po-orphan-watch", daemon=True).start()
