@@ -93,6 +93,7 @@ def _train(cfg: Config, resume: str | None) -> int:
         f"trainer {trainer_threads}")
     weights = SharedWeights(engine.weights())
     pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
+    pool.start()
     lender = CoreLender(trainer_threads, cfg.rollout.n_workers * per_worker if cfg.rollout.lend_idle_cores else 0,
                         pool.idle)
     for m in (engine.model, engine.ref_model):
@@ -113,7 +114,7 @@ def _train(cfg: Config, resume: str | None) -> int:
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
-        pool.wait_ready()
+        pool.wait_ready(cfg.rollout.stall_timeout_s)
         bar = tqdm(total=cfg.total_train_steps, initial=start_step, desc="a3po train", unit="step", dynamic_ncols=True)
         last_acc = history[-1].get("eval/accuracy") if history else None
         while step < cfg.total_train_steps:
