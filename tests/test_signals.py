@@ -171,9 +171,19 @@ def test_sigterm_mid_run_exits_143_and_keeps_a_resumable_checkpoint(launch, tmp_
     assert metrics_steps(run_dir) == list(range(0, step + 3))
 
 
+def catches(pid: int, sig: int) -> bool:
+    """The process has a handler for sig (/proc SigCgt): a3po's command line is past its first instants."""
+    try:
+        status = (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (sig - 1)))
+
+
 STARTUP = [  # (signal, exit code, when): what a terminal's Ctrl-C or a scheduler sends to the whole group
-    (signal.SIGINT, 130, 1.0),  # seconds after launch: still importing or loading config, data, model
-    (signal.SIGTERM, 143, 1.0),
+    (signal.SIGINT, 130, 0.5),  # seconds after the handlers are in: importing torch, loading config, data, model
+    (signal.SIGTERM, 143, 0.5),
     (signal.SIGTERM, 143, "a3po: run directory"),  # the worker processes being started
     (signal.SIGINT, 130, "evaluating the initial policy"),  # workers importing torch, the initial evaluation
 ]
@@ -185,6 +195,7 @@ def test_a_signal_during_start_up_exits_cleanly(launch, sig, code, when):
     if isinstance(when, str):
         run.wait_for_text(when)
     else:
+        run.wait_for(lambda: catches(run.proc.pid, signal.SIGTERM), "signal handlers", timeout=30)
         time.sleep(when)
     os.killpg(run.sid, sig)
     assert run.finish() == code, run.err[-3000:]
