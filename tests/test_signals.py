@@ -5,11 +5,12 @@ terminal's Ctrl-C or a scheduler's group-wide SIGTERM, and every process still i
 session after the trainer is gone is one it left behind. Every wait has a deadline and
 every test kills whatever is left of its session, so nothing here can hang CI.
 
-Proves: SIGTERM mid-run exits 143 with one line and a resumable last checkpoint; SIGINT
-or SIGTERM during start-up (loading, workers starting, initial evaluation) exits 130 or
-143 with no traceback; the rollout workers of a trainer killed with SIGKILL exit on their
-own within ORPHAN_EXIT_S; a worker killed with SIGKILL stops the run with an error line of
-its own, not glued to the progress bar.
+Proves: SIGTERM or a group SIGINT mid-run exits 143 / 130 with one line, no traceback from
+any process, and a resumable last checkpoint; SIGINT or SIGTERM during start-up (loading,
+workers starting, initial evaluation) exits 130 or 143 with no traceback; the rollout
+workers and reward processes of a trainer killed with SIGKILL exit on their own within
+ORPHAN_EXIT_S, even one stuck in a reward call; a worker killed with SIGKILL stops the run
+with an error line of its own, not glued to the progress bar.
 """
 
 import contextlib
@@ -146,21 +147,27 @@ def metrics_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("target", ["trainer", "group"])
-def test_sigterm_mid_run_exits_143_and_keeps_a_resumable_checkpoint(launch, tmp_path, target):
-    """`docker stop` signals the trainer alone; a batch scheduler signals every process of the job."""
-    run = launch(*LONG, "saver.freq_steps=2")
+MID_RUN = [  # `docker stop` signals the trainer alone; a batch scheduler or a terminal's Ctrl-C, every process
+    (signal.SIGTERM, 143, "trainer"),
+    (signal.SIGTERM, 143, "group"),
+    (signal.SIGINT, 130, "group"),
+]
+
+
+@pytest.mark.parametrize("sig, code, target", MID_RUN, ids=lambda x: getattr(x, "name", str(x)))
+def test_a_signal_mid_run_stops_cleanly_and_keeps_a_resumable_checkpoint(launch, tmp_path, sig, code, target):
+    run = launch(*LONG, "saver.freq_steps=2", "evaluator.freq_steps=3")  # a reward process in the trainer too
     run_dir = tmp_path / "runs" / "tiny"
     run.wait_for(lambda: latest_checkpoint(run_dir) is not None, "a checkpoint")
     workers = rollout_workers(run)
     assert workers, "the trainer has no rollout worker"
     if target == "trainer":
-        run.proc.send_signal(signal.SIGTERM)
+        run.proc.send_signal(sig)
     else:
-        os.killpg(run.sid, signal.SIGTERM)
-    assert run.finish() == 143, run.err[-3000:]
+        os.killpg(run.sid, sig)
+    assert run.finish() == code, run.err[-3000:]
     line = assert_one_clean_line(run.err, "a3po: interrupted")
-    assert "SIGTERM" in line and "--resume" in line
+    assert sig.name in line and "--resume" in line
     assert gone_within(run.others(), 2.0) is not None, "processes outlived the trainer"
     ckpt = latest_checkpoint(run_dir)
     assert (ckpt / "model.safetensors").exists() and not list(ckpt.parent.glob(".tmp-*"))
@@ -219,6 +226,31 @@ def test_workers_of_a_killed_trainer_exit_on_their_own(launch, tmp_path, frozen_
     took = gone_within(left, ORPHAN_EXIT_S)
     assert took is not None, f"orphans still alive {ORPHAN_EXIT_S}s after the trainer died: {left}"
     print(f"orphans gone {took:.2f}s after the trainer was killed")
+
+
+HANGING_REWARD = """
+import os, pathlib, time
+
+def score(completion, example):
+    # 0, except in a rollout worker's reward process, where the call never returns
+    if pathlib.Path(f"/proc/{os.getppid()}/comm").read_text().startswith("a3po-rollout"):
+        pathlib.Path("hanging").touch()
+        time.sleep(3600)
+    return 0.0
+"""
+
+
+def test_a_reward_process_stuck_in_a_call_ends_with_its_killed_trainer(launch, tmp_path):
+    """Its worker is gone too, so no end of file or timeout kill will ever reach it: it must notice by itself."""
+    (tmp_path / "hanging_reward.py").write_text(HANGING_REWARD)
+    run = launch(*LONG, "train_dataset.reward=hanging_reward:score", "train_dataset.reward_timeout_s=3600")
+    run.wait_for(lambda: (tmp_path / "hanging").exists(), "a reward call that hangs")
+    left = run.others()
+    run.proc.kill()
+    run.proc.wait(timeout=10)
+    took = gone_within(left, ORPHAN_EXIT_S)
+    assert took is not None, f"processes still alive {ORPHAN_EXIT_S}s after the trainer died: {left}"
+    print(f"worker and reward processes gone {took:.2f}s after the trainer was killed")
 
 
 def test_a_killed_worker_stops_the_run_with_a_line_of_its_own(launch, tmp_path):

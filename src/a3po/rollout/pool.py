@@ -34,7 +34,7 @@ def split_threads(n_workers: int, per_worker: int | None, cores: int | None = No
     return per_worker, max(1, cores - n_workers * per_worker)
 
 
-STOP_GRACE_S = 5.0  # a worker reads Stop between two decode steps; one stuck in a reward call or an import may not
+STOP_GRACE_S = 5.0  # a worker reads Stop between two decode steps, then gives its reward process up to 2 s to end
 TERM_GRACE_S = 2.0  # after SIGTERM (a worker still importing holds it until it is done: signals.blocked_in_children)
 KILL_GRACE_S = 1.0  # after SIGKILL
 READY_POLL_S = 1.0  # how soon wait_ready notices a worker that died while starting

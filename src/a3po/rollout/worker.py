@@ -12,21 +12,16 @@ Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, WorkerF
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import multiprocessing
-import multiprocessing.connection
 import os
 import queue
-import signal
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 
 import torch
 
+from a3po import child
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
 from a3po.data import Example, RewardProcess
@@ -161,14 +156,11 @@ class _Worker:
         return True
 
 
-ORPHAN_POLL_S = 0.5  # how often a worker checks its parent pid besides watching the parent's pipe
-
-
 def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, outbox) -> None:
     """Entry point of a spawned rollout worker."""
-    _take_signals()
-    _name_process(f"a3po-rollout-{worker_id}")
-    _exit_when_orphaned()
+    child.take_signals()
+    child.name_process(f"a3po-rollout-{worker_id}")
+    child.exit_when_orphaned()  # within ORPHAN_POLL_S, and at once through the parent's pipe
     keep_freed_memory()
     torch.set_num_threads(threads)
     w = None
@@ -210,46 +202,3 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _take_signals() -> None:
-    """Ctrl-C reaches every process of the terminal's group; stopping us is the trainer's job, so
-    SIGINT is ignored. SIGTERM keeps its default (exit at once: a worker has nothing to save).
-    The trainer blocked both while it started us (signals.blocked_in_children); unblocking now
-    drops a Ctrl-C that arrived while we were importing, instead of a traceback from the import."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
-
-
-def _name_process(name: str) -> None:
-    """Show as `name` in ps, top and pgrep (Linux), not as one more `python`: an orphan is easy to find."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
-
-
-def _exit_when_orphaned(poll_s: float = ORPHAN_POLL_S) -> None:
-    """End this process as soon as the trainer is gone (killed with SIGKILL, crashed), whatever we are doing.
-
-    A daemon thread waits on the pipe multiprocessing keeps open from the parent (it reads
-    end-of-file the moment the parent dies) and checks the parent pid every poll_s seconds in
-    case something else holds that pipe open. It calls os._exit: a normal exit would first
-    wait for the outbox's feeder thread to send what is buffered, and with no trainer left to
-    read, a full pipe makes that wait endless.
-    """
-    parent, ppid = multiprocessing.parent_process(), os.getppid()
-    sentinels = [parent.sentinel] if parent is not None else []
-
-    def watch() -> None:
-        while os.getppid() == ppid:
-            if sentinels:
-                if multiprocessing.connection.wait(sentinels, timeout=poll_s):
-                    break
-            else:
-                time.sleep(poll_s)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="a3po-orphan-watch", daemon=True).start()
