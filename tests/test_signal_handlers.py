@@ -2,7 +2,9 @@
 
 Proves: a signal becomes `Stopped` with the shell's exit code (130, 143); inside
 `signals.deferred()` it waits until the block is done (a checkpoint is never cut in half);
-a second signal while stopping is ignored; a SIGINT the parent ignores stays ignored; a
+a second signal while stopping is ignored, but a stop some code swallowed is raised again
+by `signals.check()`; an error after a signal counts as the stop; a SIGINT the parent
+ignores stays ignored; a
 worker that dies while starting is reported within about a second, with how it ended; a
 pool closed before it started closes quietly.
 """
@@ -62,6 +64,27 @@ def test_a_second_signal_does_not_cut_the_clean_up_short(handlers):
         deliver(signal.SIGINT)
     deliver(signal.SIGTERM)  # the clean-up of the first stop runs on undisturbed
     assert signals.received().exit_code == 130
+
+
+def test_a_swallowed_stop_is_raised_again_at_the_next_check(handlers):
+    handlers()
+    try:
+        deliver(signal.SIGTERM)
+    except signals.Stopped:
+        pass  # as torch's C extension does with whatever its numpy import raises
+    deliver(signal.SIGTERM)  # ignored: a stop is under way
+    with pytest.raises(signals.Stopped) as stop:
+        signals.check()
+    assert stop.value.exit_code == 143
+
+
+def test_an_error_after_a_signal_is_part_of_the_stop(handlers):
+    assert signals.stop_behind(ValueError("a bug")) is None
+    handlers()
+    with pytest.raises(signals.Stopped):
+        deliver(signal.SIGINT)
+    stop = signals.stop_behind(ValueError("a half-imported module"))
+    assert stop is not None and stop.exit_code == 130
 
 
 def test_a_sigint_the_parent_ignores_stays_ignored(handlers):

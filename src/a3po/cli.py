@@ -15,7 +15,6 @@ A bad configuration prints one line and exits with code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import textwrap
 
@@ -205,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         signals.install()
     try:
         return _main(argv)
-    except KeyboardInterrupt as e:  # one that train() did not report: during start-up or a benchmark
-        stop = e if isinstance(e, signals.Stopped) else signals.Stopped(signal.SIGINT)
+    except (Exception, KeyboardInterrupt) as e:  # a stop train() did not report: start-up or a benchmark
+        stop = signals.stop_behind(e)
+        if stop is None:
+            raise
         print(f"a3po: interrupted by {stop.name}", file=sys.stderr)
         return stop.exit_code
 
@@ -251,7 +252,10 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     if args.command == "train":
-        from a3po.train.run import train
+        # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
+        # the process (std::terminate) or was dropped. A stop waits until the import is done (1-3 s).
+        with signals.deferred():
+            from a3po.train.run import train
 
         return train(cfg, resume=args.resume)
     return EXIT_USAGE

@@ -58,9 +58,35 @@ def install() -> None:
 
 
 def received() -> Stopped | None:
-    """The stop that is under way, if any: an error that follows a signal (a worker the same
-    signal killed) is part of the stop, not a failure of its own."""
+    """The stop that is under way, if any."""
     return Stopped(_state.received) if _state.received is not None else None
+
+
+def check() -> None:
+    """Raise the stop again if a signal arrived and its `Stopped` did not end the run.
+
+    Code that drops every exception swallows the Stopped raised inside it, and since a second
+    signal is ignored while stopping, the run would go on training. Seen here: torch's C
+    extension imports numpy while it loads and drops whatever that import raises, so a SIGINT
+    landing in that import was lost. The trainer calls this after its start-up phases and in
+    every wait, so such a stop takes effect at the next of them."""
+    if _state.received is not None and not _state.deferring:
+        _state.pending = False
+        raise Stopped(_state.received)
+
+
+def stop_behind(error: BaseException) -> Stopped | None:
+    """The stop an exception stands for, if it does.
+
+    Once a stop signal arrived, whatever error follows is part of the stop: a worker the same
+    group-wide SIGTERM killed first, or an import the interrupt cut in half, after which
+    libraries fail in their own ways (seen here: an error out of matplotlib's colormaps, a
+    RecursionError from numpy's half-imported linalg)."""
+    if isinstance(error, Stopped):
+        return error
+    if _state.received is not None:
+        return Stopped(_state.received)
+    return Stopped(signal.SIGINT) if isinstance(error, KeyboardInterrupt) else None  # handlers not installed
 
 
 def _handler(signum: int, _frame) -> None:

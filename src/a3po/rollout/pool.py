@@ -82,6 +82,7 @@ class WorkerPool:
         ready = self.ready
         deadline = time.monotonic() + timeout
         while len(ready) < len(self.procs):
+            signals.check()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise WorkerError(f"rollout workers not ready after {timeout:.0f}s (rollout.stall_timeout_s)")

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from a3po import signals
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
@@ -149,6 +150,7 @@ class Controller:
         workers stalled: no message from any of them for stall_timeout_s while work is due."""
         start = time.monotonic()
         while not ready():
+            signals.check()
             if self._error is not None:
                 raise self._error
             self._check_workers_alive()

@@ -14,7 +14,6 @@ stopped, last checkpoint intact). README.md "Exit codes" is the table users read
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -90,20 +89,18 @@ def train(cfg: Config, resume: str | None = None) -> int:
     progress = Progress()
     try:
         return _train(cfg, resume, progress)
-    except USER_ERRORS as e:
-        say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
-        return 2
-    except KeyboardInterrupt as e:  # Stopped, or a plain Ctrl-C where signals.install() did not run
-        stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
-        say(progress.stopped_line(stop))
-        return stop.exit_code
-    except TRAINING_ERRORS as e:
-        stop = signals.received()
-        if stop is not None:  # e.g. a worker the same group-wide SIGTERM ended first: part of the stop
+    except (Exception, KeyboardInterrupt) as e:
+        stop = signals.stop_behind(e)
+        if stop is not None:
             say(progress.stopped_line(stop))
             return stop.exit_code
-        say(f"a3po: training stopped at step {progress.step}: {e}")
-        return 1
+        if isinstance(e, USER_ERRORS):
+            say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
+            return 2
+        if isinstance(e, TRAINING_ERRORS):
+            say(f"a3po: training stopped at step {progress.step}: {e}")
+            return 1
+        raise  # a bug: its traceback
 
 
 def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int]:
@@ -128,6 +125,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
     engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature)
+    signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
 
     run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
     progress.run_dir, progress.step = run_dir, start_step
@@ -172,6 +170,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         progress.training = True
         last_acc = history[-1].get("eval/accuracy") if history else None
         while step < cfg.total_train_steps:
+            signals.check()
             stats = trainer.step()
             step = progress.step = engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
