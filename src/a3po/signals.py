@@ -7,11 +7,14 @@ a training step. It unwinds through the same clean-up as any error (workers stop
 closed), and the top level prints one line and exits 128 + the signal number (130, 143),
 what a shell reports for a process that signal ended.
 
-Two things must not be cut in half: a checkpoint being written, and worker processes being
-started (a half-started pool is one that nothing stops). Inside `deferred()` a signal is
-only noted and raised when the block ends. A signal that arrives while the run is already
-stopping is ignored: every wait in the clean-up has its own deadline (rollout/pool.py), and
-a second Ctrl-C cutting the clean-up short would be what leaves processes behind.
+Some things must not be cut in half: a checkpoint being written, child processes being
+started (a half-started pool is one that nothing stops), the import of torch (its C++
+start-up aborts on an exception, or drops it). Inside `deferred()` a signal is only noted
+and raised when the block ends. A signal that arrives while the run is already stopping is
+ignored: every wait in the clean-up has its own deadline (rollout/pool.py), and a second
+Ctrl-C cutting the clean-up short would be what leaves processes behind. Because of that,
+a Stopped some library swallows is raised again by `check()`, and any error once a signal
+arrived is reported as the stop (`stop_behind`).
 
 This module imports nothing heavy: the command line installs it before torch loads.
 """
@@ -118,7 +121,7 @@ def blocked_in_children():
 
     A child inherits the signal mask across fork and exec, so a Ctrl-C that reaches it while
     it is still importing torch stays pending until it has decided what to do with it
-    (rollout/worker.py ignores SIGINT, then unblocks), instead of printing a KeyboardInterrupt
+    (a3po/child.py ignores SIGINT, then unblocks), instead of printing a KeyboardInterrupt
     traceback from inside an import. The parent still sees the signal: Python runs its
     handler on the main thread when the mask is restored, or at once if another thread took it.
     """
