@@ -8,7 +8,9 @@ Proves: with rollout faster than training the consumed staleness reaches eta and
 exceeds it (checked per token), and workers finish groups while the trainer trains;
 eta = 0 is synchronous (nothing runs during training); dynamic filtering refills a slot
 in place; the resume cursor points at the first group not trained on; a silent worker
-stops the wait with a clear error after the stall timeout instead of hanging.
+stops the wait with a clear error after the stall timeout instead of hanging; a worker that
+died halfway through a message (the controller thread waits for the rest forever) is
+reported by the trainer's own wait.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from a3po.data.order import DataOrder
 from a3po.data.tasks import Example
 from a3po.rollout.pool import WorkerError
 from a3po.rollout.worker import GroupDone, LoadWeights, Stop, WeightsLoaded, Work
-from a3po.train.controller import Controller
+from a3po.train.controller import DEAD_GRACE_S, Controller
 from a3po.trajectories import Trajectory
 
 
@@ -54,6 +56,9 @@ class ThreadPool:
     def load_weights(self, version: int) -> None:
         for q in self.inboxes:
             q.put(LoadWeights(version))
+
+    def dead(self) -> list[str]:
+        return []
 
     def receive(self, timeout: float):
         try:
@@ -104,11 +109,27 @@ class ThreadPool:
                 self.outbox.put(GroupDone(wid, work.slot, trajs))
 
 
-def make(eta: int, *overrides: str, B: int = 2, n_samples: int = 2, token_s: float = 0.002, **pool_kw):
+class CutOffPool(ThreadPool):
+    """Its worker died halfway through writing a message: receive() waits for the rest forever, only dead() tells."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.release = threading.Event()
+
+    def dead(self) -> list[str]:
+        return ["a3po-rollout-0 (killed by SIGKILL)"]
+
+    def receive(self, timeout: float):
+        self.release.wait()
+        return None
+
+
+def make(eta: int, *overrides: str, B: int = 2, n_samples: int = 2, token_s: float = 0.002, pool_cls=None,
+         **pool_kw):
     cfg = load_config(None, [f"rollout.max_head_offpolicyness={eta}", f"train_dataset.batch_size={B}",
                              f"gconfig.n_samples={n_samples}", *overrides])
     data = TaskData("count", [Example(f"q{i}", str(i), i) for i in range(1000)], [])
-    pool = ThreadPool(cfg.rollout.n_workers, n_samples, token_s, **pool_kw)
+    pool = (pool_cls or ThreadPool)(cfg.rollout.n_workers, n_samples, token_s, **pool_kw)
     ctl = Controller(cfg, pool, data, DataOrder(len(data.train), seed=0), version=0)
     return cfg, pool, ctl
 
@@ -191,3 +212,19 @@ def test_silent_workers_stop_the_wait_after_the_stall_timeout():
         ctl.close()
         pool.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_a_worker_dead_mid_message_is_reported_by_the_waiting_trainer():
+    """The controller thread is stuck on the half message; the trainer's own wait notices the dead worker,
+    after DEAD_GRACE_S (so an error message the controller thread reads first would win)."""
+    _, pool, ctl = make(1, pool_cls=CutOffPool)
+    ctl.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WorkerError, match="killed by SIGKILL"):
+            ctl.take_batch(0)
+    finally:
+        pool.release.set()
+        ctl.close()
+        pool.close()
+    assert DEAD_GRACE_S <= time.monotonic() - t0 < DEAD_GRACE_S + 2

@@ -18,17 +18,19 @@ import argparse
 import sys
 import textwrap
 
-from a3po import __version__
-from a3po.allocator import keep_freed_memory
-from a3po.config import ConfigError, all_keys, dump_yaml, load_config
-from a3po.config.load import default_of, presets, type_name
-from a3po.train.checkpoint import CheckpointError, resume_config
+from a3po import __version__, signals
+
+# Everything else is imported where it is used, after main() installed the signal handlers:
+# a Ctrl-C in the first moments of the command is then one line too, not an import's traceback.
 
 EXIT_USAGE = 2
 
 
 def keys_help() -> str:
     """Every configuration key with its type, default and meaning, for --help."""
+    from a3po.config import all_keys
+    from a3po.config.load import default_of, type_name
+
     lines = ["configuration keys (set in --config YAML or as key=value):"]
     for key, f in all_keys().items():
         default = default_of(f)
@@ -46,6 +48,8 @@ def bad_input(kind: str, e: Exception) -> int:
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
+    from a3po.config.load import presets
+
     p.add_argument("--preset", metavar="NAME", help=f"start from a built-in preset ({', '.join(presets())})")
     p.add_argument("--config", metavar="FILE", help="YAML file of configuration keys (applied over the preset)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
@@ -145,6 +149,8 @@ def _from_args(cls, args):
 
 
 def _bench(args, argv: list[str]) -> int:
+    from a3po.config import ConfigError
+
     if args.bench == "step":
         from a3po.bench import step
 
@@ -192,6 +198,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `a3po` command. Run as the program (argv None), it owns the process's SIGINT and SIGTERM
+    (a3po/signals.py); a caller passing argv keeps its own handlers."""
+    if argv is None:
+        signals.install()
+    try:
+        return _main(argv)
+    except (Exception, KeyboardInterrupt) as e:  # a stop train() did not report: start-up or a benchmark
+        stop = signals.stop_behind(e)
+        if stop is None:
+            raise
+        print(f"a3po: interrupted by {stop.name}", file=sys.stderr)
+        return stop.exit_code
+
+
+def _main(argv: list[str] | None) -> int:
+    from a3po.allocator import keep_freed_memory
+    from a3po.config import ConfigError, dump_yaml, load_config
+    from a3po.train.checkpoint import CheckpointError, resume_config
+
     keep_freed_memory()
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -211,8 +236,6 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args, argv[2:])
         except ConfigError as e:
             return bad_input("config error", e)
-        except KeyboardInterrupt:
-            return 130
     try:
         if getattr(args, "resume", None):
             if args.config or args.preset:
@@ -229,7 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     if args.command == "train":
-        from a3po.train.run import train
+        # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
+        # the process (std::terminate) or was dropped. A stop waits until the import is done (1-3 s).
+        with signals.deferred():
+            from a3po.train.run import train
 
         return train(cfg, resume=args.resume)
     return EXIT_USAGE

@@ -33,6 +33,7 @@ from a3po.config import Config, ConfigError, dump_yaml
 from a3po.train.run import unique_dir
 
 RESULTS = "results.json"
+CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (README "What happens when things fail")
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,13 @@ def run_one(planned: PlannedRun, bench_dir: Path, label: str, summarize: Summari
                 done = min(cfg.total_train_steps, _steps_done(run_dir))
                 if done != bar.n:
                     bar.update(done - bar.n)
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            child.wait()
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (a3po.signals.Stopped): the run is stopped the same way
+            child.send_signal(getattr(e, "signum", signal.SIGINT))
+            try:
+                child.wait(timeout=CHILD_STOP_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
             bar.close()
             raise
     bar.n = _steps_done(run_dir)
@@ -219,9 +224,9 @@ def run_benchmark(bench: Benchmark, args: TrainBenchArgs, argv: list[str]) -> tu
                 status = 1
             runs.append(r)
             save()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         progress(f"\n{name}: interrupted; the finished runs are kept in {bench_dir} (continue with --out {bench_dir})")
-        status = 130
+        status = getattr(e, "exit_code", 130)
     record = save()
     record["out"] = str(bench_dir)
     return record, status

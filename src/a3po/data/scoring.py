@@ -11,7 +11,9 @@ not the worker. A child that dies (os._exit, a crash) is replaced the same way.
 
 Every failure is an answer, never an exception: (0.0, reason), counted by the caller.
 The child's own stdout is sent to stderr, so a reward that prints cannot break the pipe's
-framing, and it exits when its parent closes the pipe (end of file), so it never outlives it.
+framing, and it exits when its parent closes the pipe (end of file), or within a second of
+its parent's death if it is stuck in a call (a3po/child.py); it ignores a terminal's Ctrl-C,
+which its parent handles.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+
+from a3po import child, signals
 
 HEADER = struct.Struct("<I")  # length prefix of each pickled frame
 Answer = tuple[Any, float, "str | None"]  # (key, reward, failure reason or None)
@@ -137,8 +141,9 @@ class RewardProcess:
     def _start_child(self) -> None:
         # the caller's import path, so that the reward's module is found where the caller found it
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._proc = subprocess.Popen([sys.executable, "-m", "a3po.data.scoring"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, bufsize=0, env=env)
+        with signals.blocked_in_children():  # a Ctrl-C while it starts is dropped by it, not a traceback
+            self._proc = subprocess.Popen([sys.executable, "-m", "a3po.data.scoring"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, bufsize=0, env=env)
         _write_frame(self._proc.stdin, self._fn_blob, raw=True)
         answers = self._answers
         threading.Thread(target=_read_answers, args=(self._proc.stdout, answers), name="a3po-reward-reader",
@@ -202,7 +207,12 @@ def checked(value: Any) -> tuple[float, str | None]:
 
 
 def _serve() -> None:
-    """The child: answer (call id, completion, example) frames until the parent closes the pipe."""
+    """The child: answer (call id, completion, example) frames until the parent closes the pipe.
+
+    The parent may also die in the middle of a call that never returns; exit_when_orphaned
+    ends the child then, since no end of file would ever be read."""
+    child.take_signals()
+    child.exit_when_orphaned()
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # the reward's prints go to stderr, not into the answers
     sys.stdout = sys.stderr

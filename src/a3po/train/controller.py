@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from a3po import signals
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
@@ -36,6 +37,7 @@ from a3po.train.admission import Admission
 MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
 MAX_SEQUENCES_IN_FLIGHT = 1024  # cap of max_concurrent_rollouts=null, in sequences (groups x n_samples)
 POLL_S = 0.05  # how long the controller blocks on the workers' queue before it looks at admission again
+DEAD_GRACE_S = 2.0  # a dead worker's last message (its error) is the controller thread's to read first
 
 
 def max_running_groups(cfg: Config) -> int:
@@ -81,6 +83,7 @@ class Controller:
         self._groups_done = 0
         self._load_s: list[float] = []
         self._last_msg = time.monotonic()
+        self._dead_since: float | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="a3po-controller", daemon=True)
@@ -90,7 +93,9 @@ class Controller:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 1.0) -> None:
+        """The thread is out within POLL_S; one stuck on a half-written message (see _check_workers_alive) is a
+        daemon and is left behind rather than waited for."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -145,12 +150,27 @@ class Controller:
         workers stalled: no message from any of them for stall_timeout_s while work is due."""
         start = time.monotonic()
         while not ready():
+            signals.check()
             if self._error is not None:
                 raise self._error
+            self._check_workers_alive()
             if time.monotonic() - max(start, self._last_msg) > self.stall_timeout_s:
                 raise WorkerError(f"no rollout worker reported anything for {self.stall_timeout_s:.0f}s while waiting "
                                   f"for {what}; a worker is stuck (raise rollout.stall_timeout_s if it is only slow)")
             self._cond.wait(timeout=0.5)
+
+    def _check_workers_alive(self) -> None:
+        """Report a dead worker from the waiting thread too. The controller thread reports it on its
+        own, unless the worker died halfway through writing a message: then that thread waits for
+        the rest of it forever. It gets DEAD_GRACE_S first, to read the error a failing worker sent."""
+        dead = self.pool.dead()
+        if not dead:
+            self._dead_since = None
+            return
+        now = time.monotonic()
+        self._dead_since = self._dead_since or now
+        if now - self._dead_since > DEAD_GRACE_S:
+            raise WorkerError(f"rollout worker {', '.join(dead)} exited unexpectedly")
 
     # -- the controller thread --------------------------------------------------------------
 

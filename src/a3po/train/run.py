@@ -6,25 +6,30 @@ tb/ (TensorBoard) and checkpoints/ (Hugging Face format plus resume state).
 `a3po train --resume RUN_DIR` reloads its config and newest checkpoint and continues with
 the same step count, version, optimizer, scheduler, RNG and data position.
 
-Exit codes: 0 done, 1 failed during training (message printed), 2 bad configuration, resume folder,
-data or model (one line), 130 interrupted (workers stopped, last checkpoint intact).
+Exit codes: 0 done, 1 failed during training (one line), 2 bad configuration, resume
+folder, data or model (one line), 130 SIGINT (Ctrl-C) and 143 SIGTERM (one line; workers
+stopped, last checkpoint intact). README.md "Exit codes" is the table users read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import transformers
 from tqdm import tqdm
 
+from a3po import signals
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
+from a3po.signals import Stopped
 from a3po.sync import SharedWeights
 from a3po.train.checkpoint import CheckpointError, atomic_write_text, latest_checkpoint, save_checkpoint
 from a3po.train.checkpoint import resume as resume_checkpoint
@@ -35,6 +40,7 @@ from a3po.train.loop import RewardFailureError, StalenessError, Trainer
 from a3po.train.sinks import Sinks, check_backends
 
 USER_ERRORS = (ConfigError, DataError, ModelSourceError, CheckpointError)
+TRAINING_ERRORS = (WorkerError, RewardFailureError, StalenessError, FloatingPointError)
 
 
 def new_run_dir(cfg: Config) -> Path:
@@ -55,15 +61,59 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@dataclass
+class Progress:
+    """How far a run got: what the one line printed when it stops early reports."""
+
+    run_dir: Path | None = None
+    step: int = 0
+    training: bool = False  # start-up is over: the progress bar is up
+    workers: bool = False  # rollout workers were started (so the clean-up stopped them)
+
+    def stopped_line(self, stop: Stopped) -> str:
+        where = f"at step {self.step}" if self.training else "during start-up"
+        parts = [f"a3po: interrupted by {stop.name} {where}"]
+        if self.workers:
+            parts.append("rollout workers stopped")
+        ckpt = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
+        parts.append(f"last checkpoint {ckpt} (continue with: a3po train --resume {self.run_dir})" if ckpt
+                     else "no checkpoint yet")
+        return "; ".join(parts)
+
+
 def train(cfg: Config, resume: str | None = None) -> int:
+    """Run `a3po train`; every way it ends is an exit code and, unless it finished, one line on stderr.
+
+    The line is printed after the clean-up (progress bar closed, workers stopped), so it
+    stands on its own line and what it says about the workers is true."""
+    progress = Progress()
     try:
-        return _train(cfg, resume)
-    except USER_ERRORS as e:
-        say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
-        return 2
+        return _train(cfg, resume, progress)
+    except (Exception, KeyboardInterrupt) as e:
+        stop = signals.stop_behind(e)
+        if stop is not None:
+            say(progress.stopped_line(stop))
+            return stop.exit_code
+        if isinstance(e, USER_ERRORS):
+            say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
+            return 2
+        if isinstance(e, TRAINING_ERRORS):
+            say(f"a3po: training stopped at step {progress.step}: {e}")
+            return 1
+        raise  # a bug: its traceback
 
 
-def _train(cfg: Config, resume: str | None) -> int:
+def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int]:
+    """(run directory, first step, data cursor): a new directory, or the resumed one with its checkpoint loaded."""
+    if not resume:
+        return new_run_dir(cfg), 0, 0
+    run_dir = Path(resume)
+    ckpt, state = resume_checkpoint(run_dir, engine, warn=say)
+    say(f"a3po: resuming {run_dir} from {ckpt.name} (step {state['step']})")
+    return run_dir, state["step"], state["data_cursor"]
+
+
+def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     t_start = time.perf_counter()
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
     # Setup: everything that can fail on bad input fails here, before any process starts.
@@ -75,15 +125,10 @@ def _train(cfg: Config, resume: str | None) -> int:
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
     engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature)
+    signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
 
-    if resume:
-        run_dir = Path(resume)
-        ckpt, state = resume_checkpoint(run_dir, engine, warn=say)
-        start_step, cursor = state["step"], state["data_cursor"]
-        say(f"a3po: resuming {run_dir} from {ckpt.name} (step {start_step})")
-    else:
-        run_dir = new_run_dir(cfg)
-        start_step, cursor = 0, 0
+    run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
+    progress.run_dir, progress.step = run_dir, start_step
     atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
     order = DataOrder(len(data.train), cfg.seed, cursor)
 
@@ -91,21 +136,27 @@ def _train(cfg: Config, resume: str | None) -> int:
     say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
         f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), "
         f"trainer {trainer_threads}")
-    weights = SharedWeights(engine.weights())
-    pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
-    lender = CoreLender(trainer_threads, cfg.rollout.n_workers * per_worker if cfg.rollout.lend_idle_cores else 0,
-                        pool.idle)
-    for m in (engine.model, engine.ref_model):
-        if m is not None:
-            lender.attach(m)
-    sinks = None
-    trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
-    eval_reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
     history: list[dict] = []
     step = start_step
-    try:
+    # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
+    with contextlib.ExitStack() as cleanup:
+        weights = SharedWeights(engine.weights())
+        pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
+        cleanup.callback(pool.close)
+        progress.workers = True
+        pool.start()
+        lender = CoreLender(trainer_threads, cfg.rollout.n_workers * per_worker if cfg.rollout.lend_idle_cores else 0,
+                            pool.idle)
+        for m in (engine.model, engine.ref_model):
+            if m is not None:
+                lender.attach(m)
+        trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
+        cleanup.callback(trainer.close)
+        eval_reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
+        cleanup.callback(eval_reward.close)
         sinks = Sinks(run_dir, cfg.logging.tensorboard, cfg.logging.wandb, cfg.logging.wandb_project,
                       to_dict(cfg), resume_step=start_step if resume else None)
+        cleanup.callback(sinks.close)
         if not resume:
             say("a3po: evaluating the initial policy on the held-out split ...")
             t0 = time.perf_counter()
@@ -113,12 +164,15 @@ def _train(cfg: Config, resume: str | None) -> int:
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
-        pool.wait_ready()
+        pool.wait_ready(cfg.rollout.stall_timeout_s)
         bar = tqdm(total=cfg.total_train_steps, initial=start_step, desc="a3po train", unit="step", dynamic_ncols=True)
+        cleanup.callback(bar.close)  # first to run: whatever is printed next starts a line of its own
+        progress.training = True
         last_acc = history[-1].get("eval/accuracy") if history else None
         while step < cfg.total_train_steps:
+            signals.check()
             stats = trainer.step()
-            step = engine.version
+            step = progress.step = engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
                 t0 = time.perf_counter()
                 stats.update(evaluate(engine.model, tok, data.eval, eval_reward, cfg))
@@ -128,27 +182,20 @@ def _train(cfg: Config, resume: str | None) -> int:
             sinks.log(step, stats)
             history.append({"step": step, **stats})
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
-                save_checkpoint(run_dir, step, engine, tok, {
-                    "step": step, "version": engine.version, "data_cursor": trainer.resume_cursor(),
-                }, keep=cfg.saver.keep_last)
+                _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
             bar.set_postfix_str(_postfix(stats, last_acc), refresh=False)
             bar.update(1)
-        bar.close()
-    except KeyboardInterrupt:
-        say(f"\na3po: interrupted at step {step}; rollout workers stopped; "
-            f"last checkpoint: {latest_checkpoint(run_dir) or 'none yet'}")
-        return 130
-    except (WorkerError, RewardFailureError, StalenessError, FloatingPointError) as e:
-        say(f"a3po: training stopped at step {step}: {e}")
-        return 1
-    finally:
-        trainer.close()
-        pool.close()
-        eval_reward.close()
-        if sinks is not None:
-            sinks.close()
     print(summary(history, run_dir, time.perf_counter() - t_start))
     return 0
+
+
+def _checkpoint(run_dir: Path, step: int, engine: TrainEngine, tok, trainer: Trainer, keep: int) -> None:
+    """A checkpoint once begun is finished, a stop signal taking effect after it: leaving one
+    half-written would waste the work, and a half-updated `latest` pointer would break --resume."""
+    with signals.deferred():
+        save_checkpoint(run_dir, step, engine, tok, {
+            "step": step, "version": engine.version, "data_cursor": trainer.resume_cursor(),
+        }, keep=keep)
 
 
 def _postfix(stats: dict, acc: float | None) -> str:

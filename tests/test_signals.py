@@ -1,0 +1,263 @@
+"""Signals and dead processes, on real `a3po train` runs of the tiny model.
+
+Each run gets its own session (start_new_session), so its process group stands for a
+terminal's Ctrl-C or a scheduler's group-wide SIGTERM, and every process still in the
+session after the trainer is gone is one it left behind. Every wait has a deadline and
+every test kills whatever is left of its session, so nothing here can hang CI.
+
+Proves: SIGTERM or a group SIGINT mid-run exits 143 / 130 with one line, no traceback from
+any process, and a resumable last checkpoint; SIGINT or SIGTERM during start-up (loading,
+workers starting, initial evaluation) exits 130 or 143 with no traceback; the rollout
+workers and reward processes of a trainer killed with SIGKILL exit on their own within
+ORPHAN_EXIT_S, even one stuck in a reward call; a worker killed with SIGKILL stops the run
+with an error line of its own, not glued to the progress bar.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from a3po.train.checkpoint import latest_checkpoint, load_run_state
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--preset", "tiny", "logging.tensorboard=false"]
+LONG = [*TINY, "total_train_steps=400", "evaluator.freq_steps=0"]
+ORPHAN_EXIT_S = 5.0  # generous: the workers' watchdog reacts within a second (README "What happens when things fail")
+EXIT_S = 60  # a stopped run must be gone by then, whatever it was doing
+
+
+class Run:
+    """A `python -m a3po.cli train` in a session of its own, stderr in a file we can read while it runs."""
+
+    def __init__(self, args, cwd: Path):
+        self.cwd = cwd
+        self.err_path = cwd / "stderr.txt"
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd,
+                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        self.sid = self.proc.pid
+
+    @property
+    def err(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait_for(self, ready, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"run exited ({self.proc.returncode}) before {what}:\n{self.err[-3000:]}"
+            assert time.monotonic() < deadline, f"no {what} after {timeout}s:\n{self.err[-3000:]}"
+            time.sleep(0.1)
+
+    def wait_for_text(self, text: str, timeout: float = 120) -> None:
+        self.wait_for(lambda: text in self.err, repr(text), timeout)
+
+    def finish(self, timeout: float = EXIT_S) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def others(self) -> list[int]:
+        """Live processes of this run's session other than the trainer."""
+        return [p for p in session_members(self.sid) if p != self.proc.pid]
+
+    def kill_all(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.sid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def launch(tmp_path):
+    runs = []
+
+    def start(*args) -> Run:
+        runs.append(Run(args, tmp_path))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill_all()
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state first), or None if it is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes whose session id is sid."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            fields = proc_stat(int(d.name))
+            if fields and fields[0] != "Z" and int(fields[3]) == sid:
+                out.append(int(d.name))
+    return out
+
+
+def rollout_workers(run: Run) -> list[int]:
+    def is_worker(pid):
+        try:
+            return b"spawn_main" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            return False
+
+    return [p for p in run.others() if is_worker(p)]
+
+
+def gone_within(pids: list[int], timeout: float) -> float | None:
+    """Seconds until none of pids is alive, or None if some still are after timeout."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if not any((s := proc_stat(p)) and s[0] != "Z" for p in pids):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def lines_with(err: str, needle: str) -> list[str]:
+    return [line for line in err.split("\n") if needle in line]
+
+
+def assert_one_clean_line(err: str, needle: str) -> str:
+    """Exactly one line carries the message, it starts its own line (not after a progress bar's \\r), no traceback."""
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    found = lines_with(err, needle)
+    assert len(found) == 1, f"expected one {needle!r} line:\n{err[-3000:]}"
+    assert found[0].startswith(needle), f"the message is glued to another line: {found[0]!r}"
+    return found[0]
+
+
+def steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def metrics_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+MID_RUN = [  # `docker stop` signals the trainer alone; a batch scheduler or a terminal's Ctrl-C, every process
+    (signal.SIGTERM, 143, "trainer"),
+    (signal.SIGTERM, 143, "group"),
+    (signal.SIGINT, 130, "group"),
+]
+
+
+@pytest.mark.parametrize("sig, code, target", MID_RUN, ids=lambda x: getattr(x, "name", str(x)))
+def test_a_signal_mid_run_stops_cleanly_and_keeps_a_resumable_checkpoint(launch, tmp_path, sig, code, target):
+    run = launch(*LONG, "saver.freq_steps=2", "evaluator.freq_steps=3")  # a reward process in the trainer too
+    run_dir = tmp_path / "runs" / "tiny"
+    run.wait_for(lambda: latest_checkpoint(run_dir) is not None, "a checkpoint")
+    workers = rollout_workers(run)
+    assert workers, "the trainer has no rollout worker"
+    if target == "trainer":
+        run.proc.send_signal(sig)
+    else:
+        os.killpg(run.sid, sig)
+    assert run.finish() == code, run.err[-3000:]
+    line = assert_one_clean_line(run.err, "a3po: interrupted")
+    assert sig.name in line and "--resume" in line
+    assert gone_within(run.others(), 2.0) is not None, "processes outlived the trainer"
+    ckpt = latest_checkpoint(run_dir)
+    assert (ckpt / "model.safetensors").exists() and not list(ckpt.parent.glob(".tmp-*"))
+    step = load_run_state(ckpt)["step"]
+    res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", "--resume", str(run_dir),
+                          f"total_train_steps={step + 2}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert metrics_steps(run_dir) == list(range(0, step + 3))
+
+
+def catches(pid: int, sig: int) -> bool:
+    """The process has a handler for sig (/proc SigCgt): a3po's command line is past its first instants."""
+    try:
+        status = (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (sig - 1)))
+
+
+STARTUP = [  # (signal, exit code, when): what a terminal's Ctrl-C or a scheduler sends to the whole group
+    (signal.SIGINT, 130, 0.5),  # seconds after the handlers are in: importing torch, loading config, data, model
+    (signal.SIGTERM, 143, 0.5),
+    (signal.SIGTERM, 143, "a3po: run directory"),  # the worker processes being started
+    (signal.SIGINT, 130, "evaluating the initial policy"),  # workers importing torch, the initial evaluation
+]
+
+
+@pytest.mark.parametrize("sig, code, when", STARTUP, ids=lambda x: getattr(x, "name", str(x)))
+def test_a_signal_during_start_up_exits_cleanly(launch, sig, code, when):
+    run = launch(*LONG)
+    if isinstance(when, str):
+        run.wait_for_text(when)
+    else:
+        run.wait_for(lambda: catches(run.proc.pid, signal.SIGTERM), "signal handlers", timeout=30)
+        time.sleep(when)
+    os.killpg(run.sid, sig)
+    assert run.finish() == code, run.err[-3000:]
+    assert_one_clean_line(run.err, "a3po: interrupted")
+    assert gone_within(run.others(), 2.0) is not None, "processes outlived the trainer"
+
+
+@pytest.mark.parametrize("frozen_first", [False, True], ids=["running", "frozen"])
+def test_workers_of_a_killed_trainer_exit_on_their_own(launch, tmp_path, frozen_first):
+    """A deep pipeline (eta 8) with long completions. Frozen first (SIGSTOP: a hung or swapped-out trainer),
+    the worker finishes everything admitted and its results fill the pipe nobody reads any more."""
+    run = launch(*LONG, "rollout.max_head_offpolicyness=8", "gconfig.max_new_tokens=64", "saver.freq_steps=0")
+    run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 3, "three steps")
+    left = run.others()
+    assert rollout_workers(run), "the trainer has no rollout worker"
+    if frozen_first:
+        run.proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+    run.proc.kill()
+    run.proc.wait(timeout=10)
+    took = gone_within(left, ORPHAN_EXIT_S)
+    assert took is not None, f"orphans still alive {ORPHAN_EXIT_S}s after the trainer died: {left}"
+    print(f"orphans gone {took:.2f}s after the trainer was killed")
+
+
+HANGING_REWARD = """
+import os, pathlib, time
+
+def score(completion, example):
+    # 0, except in a rollout worker's reward process, where the call never returns
+    if pathlib.Path(f"/proc/{os.getppid()}/comm").read_text().startswith("a3po-rollout"):
+        pathlib.Path("hanging").touch()
+        time.sleep(3600)
+    return 0.0
+"""
+
+
+def test_a_reward_process_stuck_in_a_call_ends_with_its_killed_trainer(launch, tmp_path):
+    """Its worker is gone too, so no end of file or timeout kill will ever reach it: it must notice by itself."""
+    (tmp_path / "hanging_reward.py").write_text(HANGING_REWARD)
+    run = launch(*LONG, "train_dataset.reward=hanging_reward:score", "train_dataset.reward_timeout_s=3600")
+    run.wait_for(lambda: (tmp_path / "hanging").exists(), "a reward call that hangs")
+    left = run.others()
+    run.proc.kill()
+    run.proc.wait(timeout=10)
+    took = gone_within(left, ORPHAN_EXIT_S)
+    assert took is not None, f"processes still alive {ORPHAN_EXIT_S}s after the trainer died: {left}"
+    print(f"worker and reward processes gone {took:.2f}s after the trainer was killed")
+
+
+def test_a_killed_worker_stops_the_run_with_a_line_of_its_own(launch, tmp_path):
+    run = launch(*LONG)
+    run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 3, "three steps")
+    (worker,) = rollout_workers(run)
+    os.kill(worker, signal.SIGKILL)
+    assert run.finish() == 1, run.err[-3000:]
+    line = assert_one_clean_line(run.err, "a3po: training stopped")
+    assert "a3po-rollout-0" in line and "SIGKILL" in line
