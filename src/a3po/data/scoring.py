@@ -2,7 +2,7 @@
 
 A reward function is user code: it can raise, return NaN, loop forever, or hold the GIL in
 a catastrophic regex, where no thread-based timeout can interrupt it. Each `RewardProcess`
-owns one child (`python -m a3po.data.scoring`) that unpickles the reward function once and
+owns one child Python process that unpickles the reward function once and
 then answers calls one at a time over a pipe. The caller never blocks on it: a rollout
 worker submits a finished group's completions and keeps decoding, collecting answers with
 `poll()` between decode steps. A call that runs past `timeout_s` scores 0, and the child is
@@ -33,6 +33,8 @@ from typing import Any, BinaryIO
 
 from a3po import child, signals
 
+# not `-m a3po.data.scoring`: the package imports this module first, and runpy warns about that
+CHILD = "from a3po.data.scoring import _serve; _serve()"
 HEADER = struct.Struct("<I")  # length prefix of each pickled frame
 Answer = tuple[Any, float, "str | None"]  # (key, reward, failure reason or None)
 
@@ -142,7 +144,7 @@ class RewardProcess:
         # the caller's import path, so that the reward's module is found where the caller found it
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with signals.blocked_in_children():  # a Ctrl-C while it starts is dropped by it, not a traceback
-            self._proc = subprocess.Popen([sys.executable, "-m", "a3po.data.scoring"], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, bufsize=0, env=env)
         _write_frame(self._proc.stdin, self._fn_blob, raw=True)
         answers = self._answers
@@ -227,5 +229,3 @@ def _serve() -> None:
         _write_frame(answers, (call_id, reward, failure))
 
 
-if __name__ == "__main__":
-    _serve()
