@@ -1,12 +1,19 @@
 """Shared fixtures: a real tiny random Llama with a real byte-level tokenizer."""
 
 import copy
+import signal
 
 import pytest
 import torch
 
 from a3po.config import load_config
 from a3po.models import load_policy
+
+# A shell starts background jobs (`cmd &`) with SIGINT ignored, and an ignored signal stays
+# ignored across exec: the signal tests, and every a3po process they start, would never see
+# Ctrl-C. Python's own handler here is reset to the default in the children it starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
