@@ -5,6 +5,7 @@ import signal
 
 import pytest
 import torch
+from procs import Run
 
 from a3po.config import load_config
 from a3po.models import load_policy
@@ -35,3 +36,17 @@ def actor_cfg(*overrides: str):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """launch(*args) starts `a3po train *args` in tmp_path (procs.Run); what is left of it is killed after the test."""
+    runs = []
+
+    def start(*args) -> Run:
+        runs.append(Run(args, tmp_path))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill_all()

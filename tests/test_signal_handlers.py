@@ -108,11 +108,11 @@ def make_pool() -> WorkerPool:
 def test_a_worker_that_dies_while_starting_is_reported_at_once():
     pool = make_pool()
     # a worker whose process ends with exit code 3 before it says anything
-    pool.procs = [mp.get_context("spawn").Process(target=os._exit, args=(3,), name="a3po-rollout-0", daemon=True)]
+    pool.slots[0].proc = mp.get_context("spawn").Process(target=os._exit, args=(3,), name="a3po-rollout-0", daemon=True)
     pool.start()
     t0 = time.monotonic()
     try:
-        with pytest.raises(WorkerError, match=r"a3po-rollout-0 \(exit code 3\)"):
+        with pytest.raises(WorkerError, match=r"a3po-rollout-0 died \(exit code 3\)"):
             pool.wait_ready(timeout=120)
     finally:
         pool.close()

@@ -1,20 +1,15 @@
 """Signals and dead processes, on real `a3po train` runs of the tiny model.
 
-Each run gets its own session (start_new_session), so its process group stands for a
-terminal's Ctrl-C or a scheduler's group-wide SIGTERM, and every process still in the
-session after the trainer is gone is one it left behind. Every wait has a deadline and
-every test kills whatever is left of its session, so nothing here can hang CI.
+Each run has a session of its own (tests/procs.py): its process group stands for a terminal's
+Ctrl-C or a scheduler's group-wide SIGTERM.
 
 Proves: SIGTERM or a group SIGINT mid-run exits 143 / 130 with one line, no traceback from
 any process, and a resumable last checkpoint; SIGINT or SIGTERM during start-up (loading,
 workers starting, initial evaluation) exits 130 or 143 with no traceback; the rollout
 workers and reward processes of a trainer killed with SIGKILL exit on their own within
-ORPHAN_EXIT_S, even one stuck in a reward call; a worker killed with SIGKILL stops the run
-with an error line of its own, not glued to the progress bar.
+ORPHAN_EXIT_S, even one stuck in a reward call. (Killed or hung rollout workers: test_faults.py.)
 """
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -23,129 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import LONG, ORPHAN_EXIT_S, assert_one_clean_line, gone_within, metrics_steps, rollout_workers, steps_logged
 
 from a3po.train.checkpoint import latest_checkpoint, load_run_state
 
 pytestmark = pytest.mark.slow
-
-TINY = ["--preset", "tiny", "logging.tensorboard=false"]
-LONG = [*TINY, "total_train_steps=400", "evaluator.freq_steps=0"]
-ORPHAN_EXIT_S = 5.0  # generous: the workers' watchdog reacts within a second (README "What happens when things fail")
-EXIT_S = 60  # a stopped run must be gone by then, whatever it was doing
-
-
-class Run:
-    """A `python -m a3po.cli train` in a session of its own, stderr in a file we can read while it runs."""
-
-    def __init__(self, args, cwd: Path):
-        self.cwd = cwd
-        self.err_path = cwd / "stderr.txt"
-        with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd,
-                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        self.sid = self.proc.pid
-
-    @property
-    def err(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def wait_for(self, ready, what: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert self.proc.poll() is None, f"run exited ({self.proc.returncode}) before {what}:\n{self.err[-3000:]}"
-            assert time.monotonic() < deadline, f"no {what} after {timeout}s:\n{self.err[-3000:]}"
-            time.sleep(0.1)
-
-    def wait_for_text(self, text: str, timeout: float = 120) -> None:
-        self.wait_for(lambda: text in self.err, repr(text), timeout)
-
-    def finish(self, timeout: float = EXIT_S) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def others(self) -> list[int]:
-        """Live processes of this run's session other than the trainer."""
-        return [p for p in session_members(self.sid) if p != self.proc.pid]
-
-    def kill_all(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.sid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def launch(tmp_path):
-    runs = []
-
-    def start(*args) -> Run:
-        runs.append(Run(args, tmp_path))
-        return runs[-1]
-
-    yield start
-    for run in runs:
-        run.kill_all()
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state first), or None if it is gone."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes whose session id is sid."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            fields = proc_stat(int(d.name))
-            if fields and fields[0] != "Z" and int(fields[3]) == sid:
-                out.append(int(d.name))
-    return out
-
-
-def rollout_workers(run: Run) -> list[int]:
-    def is_worker(pid):
-        try:
-            return b"spawn_main" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
-        except OSError:
-            return False
-
-    return [p for p in run.others() if is_worker(p)]
-
-
-def gone_within(pids: list[int], timeout: float) -> float | None:
-    """Seconds until none of pids is alive, or None if some still are after timeout."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if not any((s := proc_stat(p)) and s[0] != "Z" for p in pids):
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    return None
-
-
-def lines_with(err: str, needle: str) -> list[str]:
-    return [line for line in err.split("\n") if needle in line]
-
-
-def assert_one_clean_line(err: str, needle: str) -> str:
-    """Exactly one line carries the message, it starts its own line (not after a progress bar's \\r), no traceback."""
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    found = lines_with(err, needle)
-    assert len(found) == 1, f"expected one {needle!r} line:\n{err[-3000:]}"
-    assert found[0].startswith(needle), f"the message is glued to another line: {found[0]!r}"
-    return found[0]
-
-
-def steps_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def metrics_steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
 
 MID_RUN = [  # `docker stop` signals the trainer alone; a batch scheduler or a terminal's Ctrl-C, every process
     (signal.SIGTERM, 143, "trainer"),
@@ -251,13 +128,3 @@ def test_a_reward_process_stuck_in_a_call_ends_with_its_killed_trainer(launch, t
     took = gone_within(left, ORPHAN_EXIT_S)
     assert took is not None, f"processes still alive {ORPHAN_EXIT_S}s after the trainer died: {left}"
     print(f"worker and reward processes gone {took:.2f}s after the trainer was killed")
-
-
-def test_a_killed_worker_stops_the_run_with_a_line_of_its_own(launch, tmp_path):
-    run = launch(*LONG)
-    run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 3, "three steps")
-    (worker,) = rollout_workers(run)
-    os.kill(worker, signal.SIGKILL)
-    assert run.finish() == 1, run.err[-3000:]
-    line = assert_one_clean_line(run.err, "a3po: training stopped")
-    assert "a3po-rollout-0" in line and "SIGKILL" in line

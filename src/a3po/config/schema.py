@@ -131,7 +131,12 @@ class RolloutConfig:
                                         "(recompute their KV cache with the new weights: exact, but one prefill of "
                                         "every running sequence per version)", choices=("reprefill", "keep_kv"))
     stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports "
-                                        "anything for this long", gt=0)
+                                        "progress for this long; also the limit for a worker to start", gt=0)
+    worker_timeout_s: float = opt(120.0, "a rollout worker that sends no heartbeat for this long is taken for hung, "
+                                         "killed and replaced; it beats between two decode steps, so this must exceed "
+                                         "the longest one (a prefill of many prompts on a big model)", ge=1)
+    max_worker_restarts: int = opt(3, "rollout workers replaced after a crash or a hang over the whole run; one more "
+                                      "failure stops the run", ge=0)
 
 
 @dataclass

@@ -7,11 +7,18 @@ so weights published for version v are loaded before any prompt admitted at vers
 is started: a token never carries a version older than the one its group was admitted at.
 
 Messages in:  Work (one prompt group), LoadWeights (version), Stop.
-Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, WorkerFailed.
+Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, Heartbeat, WorkerFailed.
+
+Each worker writes into a pipe of its own whose other end only the trainer holds, so a
+worker killed halfway through a message leaves the trainer an end of file on that pipe,
+never a torn message in a channel the other workers share. The main loop sends a
+Heartbeat whenever it has sent nothing for HEARTBEAT_S: a worker whose loop stops (hung in
+native code, stopped, deadlocked) falls silent and is replaced (rollout.worker_timeout_s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -30,6 +37,7 @@ from a3po.rollout.prompts import encode_prompt
 from a3po.trajectories import Trajectory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+HEARTBEAT_S = 0.5  # the longest the main loop stays silent, unless one decode step takes longer
 
 
 @dataclass
@@ -50,6 +58,12 @@ class Stop:
 
 @dataclass
 class Ready:
+    worker_id: int
+    version: int  # of the weights it loaded from the shared buffer while starting
+
+
+@dataclass
+class Heartbeat:
     worker_id: int
 
 
@@ -78,6 +92,21 @@ class WorkerFailed:
     message: str
 
 
+class Outbox:
+    """The worker's end of its pipe to the trainer; remembers when it last sent, for the heartbeat."""
+
+    def __init__(self, conn):
+        self.conn, self.last = conn, time.monotonic()
+
+    def put(self, msg) -> None:
+        self.conn.send(msg)
+        self.last = time.monotonic()
+
+    def beat(self, worker_id: int) -> None:
+        if time.monotonic() - self.last > HEARTBEAT_S:
+            self.put(Heartbeat(worker_id))
+
+
 def request_seed(seed: int, slot: int, sample: int) -> int:
     """Each sample's random stream depends on the run seed and its slot only, not on the worker."""
     return (seed * 1_000_003 + slot) * 1024 + sample
@@ -85,10 +114,13 @@ def request_seed(seed: int, slot: int, sample: int) -> int:
 
 class _Worker:
     def __init__(self, worker_id: int, cfg: Config, reward_fn, weights, version: int, outbox):
+        import transformers
+
         from a3po.models import load_policy
         from a3po.rollout.local import LocalEngine
         from a3po.train.engine import resolve_dtype
 
+        transformers.utils.logging.disable_progress_bar()  # a replaced worker would draw it over the trainer's bar
         self.id, self.cfg, self.outbox = worker_id, cfg, outbox
         dtype = DTYPES[resolve_dtype(cfg.rollout.dtype)]
         model, self.tok = load_policy(cfg.actor.path, dtype=dtype, seed=cfg.seed)
@@ -156,24 +188,25 @@ class _Worker:
         return True
 
 
-def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, outbox) -> None:
-    """Entry point of a spawned rollout worker."""
+def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, conn) -> None:
+    """Entry point of a spawned rollout worker; `conn` is the write end of its own pipe to the trainer."""
     child.take_signals()
     child.name_process(f"a3po-rollout-{worker_id}")
     child.exit_when_orphaned()  # within ORPHAN_POLL_S, and at once through the parent's pipe
     keep_freed_memory()
     torch.set_num_threads(threads)
     w = None
+    outbox = Outbox(conn)
     try:
         w = _Worker(worker_id, cfg, reward_fn, weights, version, outbox)
-        outbox.put(Ready(worker_id))
+        outbox.put(Ready(worker_id, version))
         running = True
         while running:
             idle = w.engine.num_pending == 0
             msgs = []
             t0 = time.perf_counter()
             try:  # with nothing to generate, wait for messages (briefly while rewards are being scored)
-                wait = (0.02 if w.reward.pending else 1.0) if idle else 0.0
+                wait = (0.02 if w.reward.pending else HEARTBEAT_S) if idle else 0.0
                 msgs.append(inbox.get(timeout=wait) if wait else inbox.get_nowait())
                 while True:
                     msgs.append(inbox.get_nowait())
@@ -186,9 +219,11 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
             for c in w.engine.step():
                 w.finish(c)
             w.scored()
+            outbox.beat(worker_id)
     except Exception as e:  # reported to the trainer, which stops the run with this message
-        outbox.put(WorkerFailed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        return  # a normal exit, which waits until the message is sent (the watchdog ends it if no trainer reads)
+        with contextlib.suppress(OSError):  # the trainer may be gone: the watchdog ends us then
+            outbox.put(WorkerFailed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return
     finally:
         if w is not None:
             w.reward.close()  # its reward process reads end of file and exits

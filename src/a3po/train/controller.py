@@ -18,6 +18,16 @@ Bound (stated once, enforced by `Admission.take` with the *published* version): 
 admitted while version P is published has every token sampled by weights >= P (a worker's
 inbox is FIFO and `publish` queues LoadWeights(P) before any later Work), and it is
 consumed at version slot // B <= P + eta, so d <= eta.
+
+Worker restart: a worker whose pipe closes (it died) or that falls silent for
+rollout.worker_timeout_s (hung: it is killed) is replaced by a fresh process in the same
+place, started with the published version P' >= P, and the groups it had in flight are
+queued again under their own slots, so the bound above holds for them unchanged and no
+step is lost or done twice. The new process reads the shared weight buffer while it starts,
+so the trainer must not overwrite it meanwhile: its acknowledged version is -1 until its
+Ready arrives (wait_loaded waits for it), and a restart is put off while the trainer is
+between wait_loaded and publish, writing the buffer. After rollout.max_worker_restarts
+replacements, the next failure stops the run.
 """
 
 from __future__ import annotations
@@ -30,14 +40,14 @@ from a3po import signals
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
-from a3po.rollout.pool import WorkerError
-from a3po.rollout.worker import GroupDone, WeightsLoaded, Work
+from a3po.rollout.pool import Lost, WorkerError
+from a3po.rollout.worker import GroupDone, Ready, WeightsLoaded, Work
 from a3po.train.admission import Admission
 
 MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
+NOT_LOADED = -1  # acknowledged version of a worker that is being replaced
 MAX_SEQUENCES_IN_FLIGHT = 1024  # cap of max_concurrent_rollouts=null, in sequences (groups x n_samples)
 POLL_S = 0.05  # how long the controller blocks on the workers' queue before it looks at admission again
-DEAD_GRACE_S = 2.0  # a dead worker's last message (its error) is the controller thread's to read first
 
 
 def max_running_groups(cfg: Config) -> int:
@@ -67,8 +77,8 @@ class WorkerClock:
 
 
 class Controller:
-    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int):
-        self.cfg, self.pool, self.data, self.order = cfg, pool, data, order
+    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int, log=print):
+        self.cfg, self.pool, self.data, self.order, self.log = cfg, pool, data, order, log
         self.B = cfg.train_dataset.batch_size
         self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version)
         self.stall_timeout_s = cfg.rollout.stall_timeout_s
@@ -76,6 +86,11 @@ class Controller:
         self._published = version  # newest version whose LoadWeights has been queued
         self._done: dict[int, GroupDone] = {}
         self._slot_cursor: dict[int, int] = {}  # data cursor when each in-flight slot was first admitted
+        self._inflight: dict[int, tuple[int, Work]] = {}  # slot -> (worker, its group) until the group is back
+        self._replace: dict[int, str] = {}  # workers lost and not yet replaced -> why
+        self._restarted_at: dict[int, float] = {}  # replaced workers not ready yet -> when
+        self._writing = False  # the trainer is writing the shared weight buffer (wait_loaded .. publish)
+        self.restarts = 0
         self._refills: dict[int, int] = {}
         self._acked = [version] * cfg.rollout.n_workers  # newest version each worker loaded
         self._clocks = [WorkerClock() for _ in range(cfg.rollout.n_workers)]
@@ -83,7 +98,6 @@ class Controller:
         self._groups_done = 0
         self._load_s: list[float] = []
         self._last_msg = time.monotonic()
-        self._dead_since: float | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="a3po-controller", daemon=True)
@@ -117,18 +131,21 @@ class Controller:
         """Block until every worker has loaded `version` (the shared buffer is then free)."""
         with self._cond:
             self._wait(lambda: min(self._acked) >= version, f"the workers to load weights v{version}")
+            self._writing = True
 
     def publish(self, version: int) -> None:
         """Weights `version` are in the shared buffer: tell the workers, then admit against it."""
         with self._cond:
             self.pool.load_weights(version)
             self._published = version
+            self._writing = False
             self._cond.notify_all()
 
     def snapshot(self) -> dict[str, float]:
         """Counters the step statistics difference: groups finished, admitted slots, worker clocks."""
         with self._cond:
-            out = {"groups_done": float(self._groups_done), "next_slot": float(self.admission.next_slot)}
+            out = {"groups_done": float(self._groups_done), "next_slot": float(self.admission.next_slot),
+                   "worker_restarts": float(self.restarts)}
             for i, c in enumerate(self._clocks):
                 out[f"idle_s/w{i}"], out[f"alive_s/w{i}"] = c.idle_s, c.alive_s
             return out
@@ -147,30 +164,16 @@ class Controller:
 
     def _wait(self, ready, what: str) -> None:
         """Wait on the condition (lock held) until ready(); raise if the controller failed or the
-        workers stalled: no message from any of them for stall_timeout_s while work is due."""
+        workers stalled: no progress from any of them (heartbeats aside) for stall_timeout_s while work is due."""
         start = time.monotonic()
         while not ready():
             signals.check()
             if self._error is not None:
                 raise self._error
-            self._check_workers_alive()
             if time.monotonic() - max(start, self._last_msg) > self.stall_timeout_s:
-                raise WorkerError(f"no rollout worker reported anything for {self.stall_timeout_s:.0f}s while waiting "
+                raise WorkerError(f"no rollout worker reported progress for {self.stall_timeout_s:.0f}s while waiting "
                                   f"for {what}; a worker is stuck (raise rollout.stall_timeout_s if it is only slow)")
             self._cond.wait(timeout=0.5)
-
-    def _check_workers_alive(self) -> None:
-        """Report a dead worker from the waiting thread too. The controller thread reports it on its
-        own, unless the worker died halfway through writing a message: then that thread waits for
-        the rest of it forever. It gets DEAD_GRACE_S first, to read the error a failing worker sent."""
-        dead = self.pool.dead()
-        if not dead:
-            self._dead_since = None
-            return
-        now = time.monotonic()
-        self._dead_since = self._dead_since or now
-        if now - self._dead_since > DEAD_GRACE_S:
-            raise WorkerError(f"rollout worker {', '.join(dead)} exited unexpectedly")
 
     # -- the controller thread --------------------------------------------------------------
 
@@ -178,6 +181,9 @@ class Controller:
         try:
             while not self._stop.is_set():
                 with self._cond:
+                    for i, why in self.pool.silent(self.cfg.rollout.worker_timeout_s, self.stall_timeout_s):
+                        self._lost(i, why)
+                    self._replace_lost()
                     self._admit()
                 msg = self.pool.receive(timeout=POLL_S)
                 if msg is not None:
@@ -192,11 +198,49 @@ class Controller:
     def _admit(self) -> None:
         while (slot := self.admission.take(self._published)) is not None:
             self._slot_cursor.setdefault(slot, self.order.cursor)
-            example = self.data.train[self.order.next()]
-            self.pool.submit(Work(slot, example))
+            self._send(Work(slot, self.data.train[self.order.next()]))
+
+    def _send(self, work: Work) -> None:
+        self._inflight[work.slot] = (self.pool.submit(work), work)
+
+    def _lost(self, worker_id: int, why: str) -> None:
+        """A worker died or hung: take it out now, replace it when the shared buffer may be read.
+        Not while the run is stopping: a group-wide SIGTERM ends the workers too, and that is no fault."""
+        self.pool.kill(worker_id)
+        if signals.received() is not None:
+            return
+        limit = self.cfg.rollout.max_worker_restarts
+        if self.restarts >= limit:
+            raise WorkerError(f"rollout worker {why}; no restart left ({self.restarts} done, "
+                              f"rollout.max_worker_restarts={limit})")
+        self.restarts += 1
+        self._acked[worker_id] = NOT_LOADED
+        self._replace[worker_id] = why
+
+    def _replace_lost(self) -> None:
+        if self._writing or not self._replace:
+            return
+        for worker_id, why in list(self._replace.items()):
+            self.pool.restart(worker_id, self._published)
+            again = [work for w, work in self._inflight.values() if w == worker_id]
+            for work in again:
+                self._send(work)
+            del self._replace[worker_id]
+            self._restarted_at[worker_id] = time.monotonic()
+            self.log(f"a3po: rollout worker {why}; replaced (restart {self.restarts} of rollout.max_worker_restarts="
+                     f"{self.cfg.rollout.max_worker_restarts}), {len(again)} prompt group(s) in flight started again")
 
     def _handle(self, msg) -> None:
+        if isinstance(msg, Lost):
+            self._lost(msg.worker_id, msg.why)
+            return
         self._last_msg = time.monotonic()
+        if isinstance(msg, Ready):
+            self._acked[msg.worker_id] = msg.version
+            if (t0 := self._restarted_at.pop(msg.worker_id, None)) is not None:
+                self.log(f"a3po: rollout worker a3po-rollout-{msg.worker_id} ready again, "
+                         f"{time.monotonic() - t0:.1f}s after its restart")
+            return
         if isinstance(msg, (GroupDone, WeightsLoaded)):
             self._clocks[msg.worker_id] = WorkerClock(msg.idle_s, msg.alive_s)
         if isinstance(msg, WeightsLoaded):
@@ -206,6 +250,7 @@ class Controller:
         if not isinstance(msg, GroupDone):
             return
         self.pool.group_finished(msg.worker_id)
+        self._inflight.pop(msg.slot, None)
         self._groups_done += 1
         rewards = [t.reward for t in msg.trajectories]
         uninformative = max(rewards) == min(rewards)

@@ -61,9 +61,9 @@ class StalenessError(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, engine: TrainEngine, pool: WorkerPool, weights: SharedWeights,
-                 data: TaskData, order: DataOrder, pad_id: int):
+                 data: TaskData, order: DataOrder, pad_id: int, log=print):
         self.cfg, self.engine, self.weights, self.pad_id = cfg, engine, weights, pad_id
-        self.controller = Controller(cfg, pool, data, order, engine.version)
+        self.controller = Controller(cfg, pool, data, order, engine.version, log=log)
         self._started = False
         self._last = None  # controller counters at the end of the previous step
 
@@ -130,6 +130,7 @@ class Trainer:
             "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / max(1, len(trajs)),
             "rollout/reward_failures": float(len(failures)),
             "rollout/filtered_groups": float(got.filtered),
+            "rollout/worker_restarts": now["worker_restarts"],  # over the run so far
             "rollout/two_version_frac": sum(len(set(t.output_versions)) > 1 for t in trajs) / max(1, len(trajs)),
             # groups admitted for later versions when the update ended: how far rollout ran ahead
             "rollout/groups_ahead": max(0.0, after_train["next_slot"] - (v + 1) * cfg.train_dataset.batch_size),

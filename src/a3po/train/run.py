@@ -150,7 +150,8 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         for m in (engine.model, engine.ref_model):
             if m is not None:
                 lender.attach(m)
-        trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id)
+        trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id,
+                          log=lambda line: tqdm.write(line, file=sys.stderr))  # above the progress bar
         cleanup.callback(trainer.close)
         eval_reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
         cleanup.callback(eval_reward.close)
