@@ -104,6 +104,9 @@ CASES = {
     "config-not-utf8": Case([*TINY, "--config", "latin1.yaml"], "is not UTF-8", fast=True),
     "config-missing": Case([*TINY, "--config", "nope.yaml"], "'nope.yaml' does not exist", fast=True),
     "config-is-a-folder": Case([*TINY, "--config", "runs"], "is a directory", fast=True),
+    "device-misspelt": Case([*TINY, "actor.device=gpu"], "use auto, cpu, cuda or cuda:N", fast=True),
+    "no-cuda-trainer": Case([*TINY, "actor.device=cuda"], "actor.device=cuda, but this torch"),
+    "no-cuda-rollout": Case([*TINY, "rollout.device=cuda:1"], "rollout.device=cuda:1, but this torch"),
     # dataset files
     "data-missing": Case([*TINY, *FILE, "train_dataset.path=missing.jsonl"], "'missing.jsonl' does not exist"),
     "data-not-utf8": Case([*TINY, *FILE, "train_dataset.path=latin1.jsonl"], "latin1.jsonl:41: not UTF-8"),
@@ -160,6 +163,8 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, reques
     case = CASES[name]
     if name == "wandb-not-installed" and _installed("wandb"):
         pytest.skip("wandb is installed here")
+    if name.startswith("no-cuda") and _cuda():
+        pytest.skip("this machine has a CUDA device")
     write_inputs(tmp_path)
     if case.prepare is not None:
         case.prepare(tmp_path, request.getfixturevalue("trained_run"))
@@ -182,3 +187,8 @@ def _installed(module: str) -> bool:
 
     return importlib.util.find_spec(module) is not None
 
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

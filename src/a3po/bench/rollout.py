@@ -54,12 +54,13 @@ from a3po.bench.args import RolloutBenchArgs
 from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
 from a3po.config import ConfigError, load_config
 from a3po.data import Example
+from a3po.devices import native_bf16, resolve_dtype
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout import Completion, GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
 from a3po.rollout.worker import DTYPES
-from a3po.train.engine import TrainEngine, native_bf16, resolve_dtype
+from a3po.train.engine import TrainEngine
 from a3po.train.run import unique_dir
 from a3po.trajectories import Trajectory, collate
 
@@ -76,6 +77,9 @@ class Arm:
     @property
     def name(self) -> str:
         return f"{self.engine} {self.dtype}"
+
+
+CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
 
 
 def arithmetic_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
@@ -126,7 +130,7 @@ def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int,
 def samplers(base, dtypes: list[str], pad_id: int, update_every: int) -> dict[Arm, Sampler]:
     """Both engines per dtype; a float32 model is `base` itself, others are casts of it (same weights).
     With update_every, the two weight-update modes in the rollout default dtype too."""
-    update_dtype = resolve_dtype("auto")
+    update_dtype = resolve_dtype("auto", CPU)
     models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in {*dtypes, update_dtype}}
     fns = {"local": local_sample, "generate": hf_sample}
     arms = {Arm(e, d): partial(fns[e], models[d], pad_id) for d in dtypes for e in ENGINES}
@@ -193,7 +197,7 @@ def load_model(name: str):
 
 def run(args: RolloutBenchArgs) -> dict:
     torch.set_num_threads(args.threads)
-    trainer_dtype = resolve_dtype(args.trainer_dtype)
+    trainer_dtype = resolve_dtype(args.trainer_dtype, CPU)
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_model(args.model)
     out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind
@@ -214,7 +218,7 @@ def run(args: RolloutBenchArgs) -> dict:
         "batch": args.batch, "max_new_tokens": args.max_new_tokens, "prompt_len": [min(map(len, prompts)),
                                                                                      max(map(len, prompts))],
         "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "trainer_dtype": trainer_dtype,
-        "machine": {**machine(), "native_bf16": native_bf16()}, "torch": torch.__version__, "args": asdict(args),
+        "machine": {**machine(), "native_bf16": native_bf16(CPU)}, "torch": torch.__version__, "args": asdict(args),
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "arms": rows, "gap": [{"dtype": d, **g} for d, g in gaps.items()],
         "local_bf16_over_fp32": local["bfloat16"] / local["float32"] if {"float32", "bfloat16"} <= set(local) else None,

@@ -31,12 +31,14 @@ from a3po.algo import proximal_logp
 from a3po.bench.args import StepBenchArgs
 from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
 from a3po.config import load_config
+from a3po.devices import resolve_dtype
 from a3po.models import load_policy
 from a3po.rollout.pool import split_threads
-from a3po.train.engine import TrainEngine, resolve_dtype
+from a3po.train.engine import TrainEngine
 from a3po.train.run import unique_dir
 from a3po.trajectories import Trajectory, collate
 
+CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
 INTERPOLATIONS = ("loglinear", "linear")
 
 
@@ -76,7 +78,7 @@ def run(args: StepBenchArgs) -> dict:
     if args.threads is None:
         args.threads = split_threads(1, None)[1]
     torch.set_num_threads(args.threads)
-    dtype = resolve_dtype(args.dtype)
+    dtype = resolve_dtype(args.dtype, CPU)
     out = unique_dir(Path(args.out))
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_policy(args.model, dtype=torch.float32, seed=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -143,6 +144,9 @@ def _check_rules(key: str, value: Any, meta: dict) -> None:
     if choices is not None and value not in choices:
         hint = _suggest(str(value), list(choices))
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of {', '.join(choices)}{hint}")
+    pattern = meta.get("pattern")
+    if pattern is not None and not re.fullmatch(pattern, str(value)):
+        raise ConfigError(f"{key}={value!r} is not allowed; {meta['pattern_help']}")
     bounds = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
               ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<"))
     for name, holds, sign in bounds:

@@ -27,6 +27,9 @@ def opt(default: Any, help: str, **rules: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
+DEVICE = dict(pattern=r"auto|cpu|cuda(:[0-9]+)?", pattern_help="use auto, cpu, cuda or cuda:N")
+
+
 def section(cls: type, help: str) -> Any:
     return field(default_factory=cls, metadata={"help": help})
 
@@ -62,8 +65,10 @@ class MicroBatchConfig:
 class ActorConfig:
     path: str = opt("smollm2-135m-instruct",
                     "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
+    device: str = opt("auto", "where the trainer computes: cpu, cuda, cuda:N; auto = cuda when torch sees a GPU, "
+                      "else cpu", **DEVICE)
     dtype: str = opt("auto", "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 "
-                     "where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32",
+                     "where actor.device computes it natively (most CUDA GPUs, AVX512-BF16/AMX CPUs), else float32",
                      choices=("auto", "float32", "bfloat16"))
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); "
@@ -122,8 +127,10 @@ class RolloutConfig:
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
     lend_idle_cores: bool = opt(True, "while no rollout worker has a prompt in flight (held back by the staleness "
                                       "bound, or between steps at eta=0), the trainer computes with their threads too")
-    dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where the hardware "
-                     "computes it natively (CUDA, AVX512-BF16/AMX CPUs), else float32",
+    device: str = opt("auto", "where every rollout worker computes: cpu, cuda, cuda:N (e.g. the trainer on cuda:0, "
+                      "rollout on cuda:1); auto = cuda when torch sees a GPU, else cpu", **DEVICE)
+    dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where rollout.device "
+                     "computes it natively (most CUDA GPUs, AVX512-BF16/AMX CPUs), else float32",
                      choices=("auto", "float32", "bfloat16"))
     weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv "
                                         "(keep the KV cache older weights computed and continue with the new weights; "

@@ -63,6 +63,7 @@ class LocalEngine:
         reprefill_on_update: bool = True,
     ):
         self.model = model.eval()
+        self.device = next(model.parameters()).device  # every tensor a forward pass reads is made there
         self.eos = frozenset(int(i) for i in eos_token_ids)
         self.decode = decode
         self.max_batch = max_batch
@@ -168,6 +169,7 @@ class LocalEngine:
         for i, s in enumerate(seqs):
             ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
             attn[i, L - len(s):] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, L)
         cache = DynamicCache()
         logits = self._forward(ids, attn, pos, cache)
@@ -187,12 +189,10 @@ class LocalEngine:
     def _sample(self) -> tuple[Tensor, Tensor]:
         rs = [r.request for r in self._running]
         logits = self._logits
-        greedy = torch.tensor([r.greedy for r in rs])
+        on = lambda values: torch.tensor(values, device=logits.device)
+        greedy = on([r.greedy for r in rs])
         logp = sampling_logp(
-            logits,
-            torch.tensor([r.temperature for r in rs]),
-            torch.tensor([r.top_k for r in rs]),
-            torch.tensor([r.top_p for r in rs]),
+            logits, on([r.temperature for r in rs]), on([r.top_k for r in rs]), on([r.top_p for r in rs]),
         )  # (B, V)
         tokens = draw(logp, [r.generator for r in self._running])
         raw = torch.log_softmax(logits, -1) if greedy.any() else logp  # raw log-probs only for greedy rows
@@ -212,7 +212,7 @@ class LocalEngine:
 
     def _decode(self, tokens: Tensor) -> None:
         """One decode forward pass for every running row with its newest token."""
-        self._attn = torch.cat([self._attn, torch.ones(len(tokens), 1, dtype=torch.long)], 1)
+        self._attn = torch.cat([self._attn, self._attn.new_ones(len(tokens), 1)], 1)
         self._logits = self._forward(tokens[:, None], self._attn, self._next_pos[:, None], self._cache)
         self._logits_version = torch.full_like(self._logits_version, self.version)
         self._next_pos = self._next_pos + 1
@@ -222,14 +222,14 @@ class LocalEngine:
         if not keep:
             self._cache = self._attn = self._next_pos = self._logits = self._logits_version = None
             return
-        idx = torch.tensor(keep, dtype=torch.long)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         attn = self._attn[idx]
         start = int((attn.sum(0) > 0).to(torch.int8).argmax())  # drop columns that are padding in every row
         for layer in self._cache.layers:
             layer.keys = layer.keys[idx, :, start:]
             layer.values = layer.values[idx, :, start:]
         self._attn, self._next_pos, self._logits = attn[:, start:], self._next_pos[idx], self._logits[idx]
-        self._logits_version = self._logits_version[idx]
+        self._logits_version = self._logits_version[idx.cpu()]  # bookkeeping, on the CPU
         self._decode(tokens[idx])
 
 

@@ -116,14 +116,16 @@ class _Worker:
     def __init__(self, worker_id: int, cfg: Config, reward_fn, weights, version: int, outbox):
         import transformers
 
+        from a3po.devices import resolve_device, resolve_dtype
         from a3po.models import load_policy
         from a3po.rollout.local import LocalEngine
-        from a3po.train.engine import resolve_dtype
 
         transformers.utils.logging.disable_progress_bar()  # a replaced worker would draw it over the trainer's bar
         self.id, self.cfg, self.outbox = worker_id, cfg, outbox
-        dtype = DTYPES[resolve_dtype(cfg.rollout.dtype)]
+        device = resolve_device(cfg.rollout.device, "rollout.device")
+        dtype = DTYPES[resolve_dtype(cfg.rollout.dtype, device)]
         model, self.tok = load_policy(cfg.actor.path, dtype=dtype, seed=cfg.seed)
+        model = model.to(device)
         self.shared = weights
         self.engine = LocalEngine(
             model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,

@@ -19,7 +19,8 @@ from torch import Tensor
 
 class SharedWeights:
     def __init__(self, state: Mapping[str, Tensor]):
-        self.tensors = {k: v.detach().to(torch.float32).clone().contiguous().share_memory_() for k, v in state.items()}
+        self.tensors = {k: v.detach().to("cpu", torch.float32, copy=True).contiguous().share_memory_()
+                        for k, v in state.items()}
 
     @torch.no_grad()
     def publish(self, state: Mapping[str, Tensor]) -> None:

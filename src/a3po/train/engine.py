@@ -46,28 +46,12 @@ from a3po.algo import (
 )
 from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
+from a3po.devices import resolve_dtype
 from a3po.train.logprobs import token_logp_entropy
 from a3po.train.optim import build_optimizer
 from a3po.trajectories import TrainBatch
 
 STATE_FILE = "trainer_state.pt"
-
-
-def native_bf16() -> bool:
-    """bf16 matmuls are fast only with hardware support; on an AVX2-only CPU they run 10-16x slower than fp32."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_dtype(name: str) -> str:
-    if name == "auto":
-        return "bfloat16" if native_bf16() else "float32"
-    return name
 
 
 def micro_batches(batch: TrainBatch, max_tokens: int) -> list[list[int]]:
@@ -90,10 +74,12 @@ def minibatches(n_rows: int, n: int) -> list[list[int]]:
 
 
 class TrainEngine:
-    def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0):
-        self.model = model.float()
+    def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0,
+                 device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.model = model.float().to(self.device)
         self.cfg = cfg
-        self.dtype = resolve_dtype(cfg.dtype)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.temperature = temperature
         self.version = 0
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
@@ -143,7 +129,8 @@ class TrainEngine:
     def compute_logp(self, batch: TrainBatch, model=None) -> Tensor:
         """Log-probs (B, T) of the current weights, without gradient, micro-batched."""
         model = model or self.model
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        batch = batch.to(self.device)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
         for rows in micro_batches(batch, self.cfg.mb_spec.max_tokens_per_mb):
             mb = batch.select(rows)
             logp, _ = self._logp(model, mb, with_entropy=False)
@@ -161,13 +148,15 @@ class TrainEngine:
         """
         if self.ref_model is None:
             raise ValueError("no reference model: actor.kl_ctl is 0")
+        batch = batch.to(self.device)
         kl = kl_penalty(batch.logp_behav, self.compute_logp(batch, self.ref_model), self.cfg.kl_estimator)
-        return torch.where(batch.loss_mask, kl, torch.zeros((), dtype=kl.dtype))
+        return torch.where(batch.loss_mask, kl, torch.zeros((), dtype=kl.dtype)).cpu()  # beside the rewards
 
     # -- one training step ----------------------------------------------------------------
 
     def ppo_update(self, batch: TrainBatch) -> dict[str, float]:
         cfg, v = self.cfg, self.version
+        batch = batch.to(self.device)
         self.model.train()
         stats: dict[str, float] = {}
 

@@ -27,6 +27,7 @@ from a3po import signals
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
+from a3po.devices import resolve_device
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
 from a3po.signals import Stopped
@@ -118,13 +119,15 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
     # Setup: everything that can fail on bad input fails here, before any process starts.
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
+    device = resolve_device(cfg.actor.device, "actor.device")
+    resolve_device(cfg.rollout.device, "rollout.device")  # checked here: a worker's error would come later
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
-    engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature)
+    engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature, device=device)
     signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
 
     run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
@@ -134,8 +137,8 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
 
     say(f"a3po: run directory {run_dir}")
     say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
-        f"model {cfg.actor.path} ({engine.dtype}); {cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), "
-        f"trainer {trainer_threads}")
+        f"model {cfg.actor.path} ({engine.dtype} on {device}); {cfg.rollout.n_workers} rollout worker(s) x "
+        f"{per_worker} thread(s), trainer {trainer_threads}")
     history: list[dict] = []
     step = start_step
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.

@@ -59,6 +59,12 @@ class TrainBatch:
         adv = advantages.float()[:, None]
         return replace(self, advantages=torch.where(self.loss_mask, adv, torch.zeros((), dtype=adv.dtype)))
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """This batch on `device` (itself when it is there already)."""
+        if self.input_ids.device == device:
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
     def select(self, rows: Tensor | list[int]) -> TrainBatch:
         """The given rows, trimmed to their longest sequence (tight padding)."""
         rows = torch.as_tensor(rows, dtype=torch.long)

@@ -1,0 +1,52 @@
+"""Where each model computes, and in which dtype: `actor.device`, `rollout.device`, `*.dtype: auto`.
+
+`auto` picks CUDA when torch sees a CUDA device, else the CPU. The dtype `auto` is decided
+by the device that computes, never by whether CUDA merely exists: bf16 is fast on CUDA
+(when the GPU supports it) and on CPUs with AVX512-BF16 or AMX, and 10-16x slower than
+fp32 on an AVX2-only CPU, where torch emulates it.
+
+Placements: everything on one GPU (both `cuda`), or the trainer on one GPU and the rollout
+workers on another (`actor.device=cuda:0 rollout.device=cuda:1`); weights travel through
+shared CPU memory either way (sync/shm.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from a3po.config import ConfigError
+
+
+def resolve_device(name: str, key: str) -> torch.device:
+    """The torch device `key` (the config key, for the message) asks for; a one-line error if it is not here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}={name}, but this torch ({torch.__version__}) sees no CUDA device; install "
+                              f"torch's CUDA build (README, Install) or set {key}=cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"{key}={name}, but torch sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Does `device` compute bf16 matmuls natively (fast), rather than emulate them?"""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """'float32' or 'bfloat16' for a dtype key ('auto', 'float32', 'bfloat16') on `device`."""
+    if name == "auto":
+        return "bfloat16" if native_bf16(device) else "float32"
+    return name
