@@ -104,6 +104,8 @@ CASES = {
     "config-not-utf8": Case([*TINY, "--config", "latin1.yaml"], "is not UTF-8", fast=True),
     "config-missing": Case([*TINY, "--config", "nope.yaml"], "'nope.yaml' does not exist", fast=True),
     "config-is-a-folder": Case([*TINY, "--config", "runs"], "is a directory", fast=True),
+    "top-p-while-training": Case([*TINY, "gconfig.top_p=0.9"], "biases every importance ratio", fast=True),
+    "top-k-while-training": Case([*TINY, "gconfig.top_k=20"], "gconfig.top_k=20 conflicts: must be 0", fast=True),
     "device-misspelt": Case([*TINY, "actor.device=gpu"], "use auto, cpu, cuda or cuda:N", fast=True),
     "no-cuda-trainer": Case([*TINY, "actor.device=cuda"], "actor.device=cuda, but this torch"),
     "no-cuda-rollout": Case([*TINY, "rollout.device=cuda:1"], "rollout.device=cuda:1, but this torch"),

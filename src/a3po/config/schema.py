@@ -111,8 +111,10 @@ class GenerationConfig:
     n_samples: int = opt(4, "completions sampled per prompt (one group)", ge=1)
     max_new_tokens: int = opt(24, "maximum tokens generated per completion", ge=1)
     temperature: float = opt(1.0, "sampling temperature", gt=0)
-    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
-    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables", ge=0)
+    top_p: float = opt(1.0, "nucleus sampling mass; must be 1.0 while a3po trains (the trainer's log-probs are "
+                            "not renormalised over the kept tokens yet)", gt=0, le=1)
+    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables; must be 0 while a3po trains (as top_p)",
+                     ge=0)
     stop: list = opt([], "extra stop strings (the tokenizer's end-of-sequence always stops)")
 
 
@@ -238,6 +240,13 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
+    g = cfg.gconfig
+    for key, value, off in (("top_p", g.top_p, 1.0), ("top_k", g.top_k, 0)):
+        if value != off:  # truncation alone is valid for sampling; with training it biases the ratio
+            problems.append((f"gconfig.{key}", value, (
+                f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
+                "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
+                "lower gconfig.temperature instead")))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
         problems.append(("gconfig.n_samples", 1, (
             "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "
