@@ -71,6 +71,9 @@ class ActorConfig:
                      "where actor.device computes it natively (most CUDA GPUs, AVX512-BF16/AMX CPUs), else float32",
                      choices=("auto", "float32", "bfloat16"))
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
+    fp32_lm_head: bool = opt(False, "compute the LM head (the logits) in fp32 in the trainer and in every rollout "
+                                    "engine, even where the rest runs in bf16: sampler and trainer log-probs then "
+                                    "differ less (a rollout copy with tied embeddings gets its own fp32 head)")
     use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); "
                                          "false = coupled PPO/GRPO")
     prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO",

@@ -118,6 +118,7 @@ class _Worker:
 
         from a3po.devices import resolve_device, resolve_dtype
         from a3po.models import load_policy
+        from a3po.models.head import use_fp32_head
         from a3po.rollout.local import LocalEngine
 
         transformers.utils.logging.disable_progress_bar()  # a replaced worker would draw it over the trainer's bar
@@ -126,6 +127,8 @@ class _Worker:
         dtype = DTYPES[resolve_dtype(cfg.rollout.dtype, device)]
         model, self.tok = load_policy(cfg.actor.path, dtype=dtype, seed=cfg.seed)
         model = model.to(device)
+        if cfg.actor.fp32_lm_head:
+            use_fp32_head(model)
         self.shared = weights
         self.engine = LocalEngine(
             model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,

@@ -113,6 +113,8 @@ class TrainEngine:
         # hidden at position i predicts token i + 1
         pred_mask = batch.loss_mask[:, 1:]  # (B, T-1)
         h = hidden[:, :-1][pred_mask]  # (N, H)
+        if self.cfg.fp32_lm_head:
+            h = h.float()  # the head's matmul then runs on the fp32 master weight
         targets = batch.input_ids[:, 1:][pred_mask]  # (N,)
         logp_tok, ent_tok = token_logp_entropy(h, model.get_output_embeddings().weight, targets, self.temperature,
                                                with_entropy)
