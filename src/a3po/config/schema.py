@@ -123,6 +123,8 @@ class GenerationConfig:
 
 @dataclass
 class RolloutConfig:
+    backend: str = opt("local", "rollout engine in each worker: local (a3po's own sampler, any device) or vllm "
+                                "(needs the vllm extra, README)", choices=("local", "vllm"))
     max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the "
                                          "trainer; 0 = synchronous", ge=0)
     max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or "
@@ -250,6 +252,8 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                 f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
                 "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
                 "lower gconfig.temperature instead")))
+    if r.backend == "vllm" and a.fp32_lm_head:
+        problems.append(("actor.fp32_lm_head", True, "not available with rollout.backend=vllm yet; use local"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
         problems.append(("gconfig.n_samples", 1, (
             "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "

