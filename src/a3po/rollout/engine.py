@@ -58,6 +58,9 @@ class RolloutEngine(Protocol):
     def num_pending(self) -> int:
         """Requests queued or in flight."""
 
+    def close(self) -> None:
+        """Release what outlives the process (files in /dev/shm, servers); the worker calls it on its way out."""
+
 
 def generate(engine: RolloutEngine, requests: list[GenerationRequest]) -> list[Completion]:
     """Run `requests` to completion and return their completions in request order."""

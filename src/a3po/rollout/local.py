@@ -88,6 +88,9 @@ class LocalEngine:
     def num_pending(self) -> int:
         return len(self._waiting) + len(self._running)
 
+    def close(self) -> None:
+        """Nothing outlives the process."""
+
     def submit(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
             raise ValueError(f"request {request.rid!r} has an empty prompt")
@@ -222,14 +225,15 @@ class LocalEngine:
         if not keep:
             self._cache = self._attn = self._next_pos = self._logits = self._logits_version = None
             return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        rows = torch.tensor(keep, dtype=torch.long)
+        idx = rows.to(self.device)
         attn = self._attn[idx]
         start = int((attn.sum(0) > 0).to(torch.int8).argmax())  # drop columns that are padding in every row
         for layer in self._cache.layers:
             layer.keys = layer.keys[idx, :, start:]
             layer.values = layer.values[idx, :, start:]
         self._attn, self._next_pos, self._logits = attn[:, start:], self._next_pos[idx], self._logits[idx]
-        self._logits_version = self._logits_version[idx.cpu()]  # bookkeeping, on the CPU
+        self._logits_version = self._logits_version[rows]  # bookkeeping, on the CPU
         self._decode(tokens[idx])
 
 

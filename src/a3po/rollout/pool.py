@@ -125,10 +125,6 @@ class WorkerPool:
             slot.heard = time.monotonic()
             self._messages.put((i, slot.gen, msg))
 
-    @property
-    def procs(self) -> list:
-        return [s.proc for s in self.slots]
-
     def start(self) -> None:
         """Start every worker; a stop signal waits until they all are, so none is left unknown to close()."""
         with signals.deferred(), signals.blocked_in_children():
@@ -165,7 +161,6 @@ class WorkerPool:
     def load_weights(self, version: int) -> None:
         for s in self.slots:
             s.inbox.put(LoadWeights(version))
-
 
     def silent(self, heartbeat_s: float, start_s: float) -> list[tuple[int, str]]:
         """(index, why) of every worker taken for hung: started, not lost, and silent for longer than it may be."""

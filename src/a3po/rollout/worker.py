@@ -244,8 +244,7 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
     finally:
         if w is not None:
             w.reward.close()  # its reward process reads end of file and exits
-            if hasattr(w.engine, "close"):
-                w.engine.close()  # the vLLM engine's folders in /dev/shm
+            w.engine.close()
     _exit_now()
 
 

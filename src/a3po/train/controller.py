@@ -108,8 +108,8 @@ class Controller:
         self._thread.start()
 
     def close(self, timeout: float = 1.0) -> None:
-        """The thread is out within POLL_S; one stuck on a half-written message (see _check_workers_alive) is a
-        daemon and is left behind rather than waited for."""
+        """The thread is out within POLL_S (it never blocks on a worker: pool.py reads each pipe on a thread
+        of its own); a daemon, so a join that times out leaves it behind rather than hanging the stop."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
