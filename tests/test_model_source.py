@@ -65,12 +65,12 @@ def test_tiny_shapes_and_variant():
     model, _ = load_policy("tiny")
     c = model.config
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-            c.intermediate_size) == (64, 2, 4, 2, 128)
+            c.intermediate_size) == (64, 2, 2, 1, 128)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied
     assert not model.training and model.dtype == torch.float32
     big, _ = load_policy("tiny-128x4")
     c = big.config
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (128, 4, 8, 4)
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (128, 4, 4, 2)
     assert big.num_parameters() > model.num_parameters()
 
 

@@ -21,7 +21,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<pad>")  # ids 256, 257, 258
 EOS, PAD = "<|im_end|>", "<pad>"
-HEAD_DIM = 16
+HEAD_DIM = 32  # vLLM's CPU attention needs at least 32, so the tiny model runs under rollout.backend=vllm too
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
