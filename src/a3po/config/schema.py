@@ -73,7 +73,8 @@ class ActorConfig:
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     fp32_lm_head: bool = opt(False, "compute the LM head (the logits) in fp32 in the trainer and in every rollout "
                                     "engine, even where the rest runs in bf16: sampler and trainer log-probs then "
-                                    "differ less (a rollout copy with tied embeddings gets its own fp32 head)")
+                                    "differ less (the local engine gives a tied rollout copy its own fp32 head; "
+                                    "vLLM computes fp32 logits from its model-dtype head weight)")
     use_decoupled_loss: bool = opt(True, "decoupled PPO (proximal policy separate from behaviour policy); "
                                          "false = coupled PPO/GRPO")
     prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO",
@@ -125,6 +126,9 @@ class GenerationConfig:
 class RolloutConfig:
     backend: str = opt("local", "rollout engine in each worker: local (a3po's own sampler, any device) or vllm "
                                 "(needs the vllm extra, README)", choices=("local", "vllm"))
+    vllm_gpu_memory: float = opt(0.4, "with rollout.backend=vllm on a GPU: the share of that GPU's memory each "
+                                      "worker's vLLM engine reserves (weights and KV cache); leave room for the "
+                                      "trainer when both share a GPU, and divide by n_workers", gt=0, lt=1)
     max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the "
                                          "trainer; 0 = synchronous", ge=0)
     max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or "
@@ -252,8 +256,6 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                 f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
                 "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
                 "lower gconfig.temperature instead")))
-    if r.backend == "vllm" and a.fp32_lm_head:
-        problems.append(("actor.fp32_lm_head", True, "not available with rollout.backend=vllm yet; use local"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
         problems.append(("gconfig.n_samples", 1, (
             "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "

@@ -14,7 +14,9 @@ the local engine. What the trainer needs of it, and how vLLM gives it:
 - weights from the trainer: one safetensors file in a RAM-backed folder, read by vLLM's
   own reload (a plain `load_weights` breaks on the CPU build, whose linear weights are
   repacked at load). The trainer's state dict names the tied LM head too, so SmolLM2's
-  head gets the new weights with the embedding.
+  head gets the new weights with the embedding;
+- `actor.fp32_lm_head`: vLLM's `head_dtype` override computes the logits in fp32 from the
+  model-dtype head weight (the local engine keeps an fp32 copy of the weight instead).
 
 vLLM is optional (the `vllm` extra, README); without it, asking for this backend is a
 one-line error.
@@ -60,7 +62,8 @@ class VLLMEngine:
     """RolloutEngine over vllm.LLMEngine, started from a Hugging Face folder (`model_dir`)."""
 
     def __init__(self, model_dir: str | Path, *, dtype: str, version: int = 0, max_batch: int = 64, seed: int = 0,
-                 max_model_len: int = 2048, eos_token_ids: tuple[int, ...] = (), reprefill_on_update: bool = True):
+                 max_model_len: int = 2048, eos_token_ids: tuple[int, ...] = (), reprefill_on_update: bool = True,
+                 fp32_head: bool = False, gpu_memory: float = 0.4):
         vllm = import_vllm()
         self._vllm = vllm
         # keep_kv keeps the KV cache of older weights for sequences in flight; then no later request may
@@ -68,6 +71,11 @@ class VLLMEngine:
         self.engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(
             model=str(model_dir), dtype=dtype, seed=seed, max_num_seqs=max_batch, max_model_len=max_model_len,
             logprobs_mode="processed_logprobs", disable_log_stats=True, enable_prefix_caching=reprefill_on_update,
+            hf_overrides={"head_dtype": "float32"} if fp32_head else {},
+            # A prompt split across two steps makes vLLM rewind the request's seeded generator, which CPU
+            # generators cannot do ("CPU Generator does not use offset"); whole prompts only, then.
+            enable_chunked_prefill=False,
+            gpu_memory_utilization=gpu_memory,  # a GPU build only; the CPU build sizes its cache from ENV
         ))
         self.reprefill_on_update = reprefill_on_update
         self._model_dir: Path | None = None  # a folder of our own to remove on close
@@ -90,6 +98,7 @@ class VLLMEngine:
             n=1, max_tokens=request.max_new_tokens, seed=request.seed, logprobs=0,
             temperature=0.0 if request.greedy else request.temperature, top_p=request.top_p, top_k=request.top_k,
             stop=list(request.stop) or None, stop_token_ids=[*self._eos, *request.stop_token_ids] or None,
+            ignore_eos=not self._eos,  # no end-of-sequence ids given: no row stops at one (as in LocalEngine)
             detokenize=bool(request.stop),  # stop strings are matched on the text
         )
         rid = str(self._next_id)
@@ -140,7 +149,8 @@ class VLLMEngine:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
-        engine = cls(folder, max_model_len=min(2048, limit), eos_token_ids=(tokenizer.eos_token_id,), **kw)
+        kw.setdefault("eos_token_ids", (tokenizer.eos_token_id,))
+        engine = cls(folder, max_model_len=min(2048, limit), **kw)
         engine._model_dir = folder
         return engine
 

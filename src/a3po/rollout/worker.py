@@ -134,7 +134,8 @@ class _Worker:
             model.load_state_dict(weights, strict=False)  # vLLM starts from the published weights
             self.engine = VLLMEngine.from_model(
                 model, self.tok, dtype=dtype, version=version, max_batch=max_batch, seed=cfg.seed,
-                reprefill_on_update=cfg.rollout.weight_update == "reprefill",
+                reprefill_on_update=cfg.rollout.weight_update == "reprefill", fp32_head=cfg.actor.fp32_lm_head,
+                gpu_memory=cfg.rollout.vllm_gpu_memory,
             )
             del model
         else:
