@@ -11,6 +11,7 @@ KL estimate is never negative. Timing is printed, never asserted.
     pytest tests/test_bench_rollout.py
 """
 
+import importlib.util
 import json
 
 import pytest
@@ -42,10 +43,12 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
         assert 0 < a["tok_per_s_min"] <= a["tok_per_s_median"] <= a["tok_per_s_max"]
         if not a["engine"].startswith("update:"):
             assert a["over_first_dtype"] > 0 and (a["dtype"] != "float32" or a["over_first_dtype"] == 1.0)
-        assert (a["local_over_generate"] > 0) if a["engine"] == "local" else a["local_over_generate"] is None
+        assert (a["over_generate"] > 0) if a["engine"] == "local" else a["over_generate"] is None
+        assert a["over_local"] is None  # only vLLM's rows have one
     assert rec["update_every"] == 2 and rec["keep_kv_over_reprefill"] > 0
     assert rec["local_bf16_over_fp32"] > 0
     assert rec["dtypes"] == ["float32", "bfloat16"] and rec["trainer_dtype"] == "float32"
+    assert rec["engines"] == ["local", "generate"] and rec["vllm_start_s"] == {}
     assert rec["batch"] == 4 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
     assert rec["machine"]["cpu"] and isinstance(rec["machine"]["avx512_bf16"], bool)
 
@@ -53,6 +56,7 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
 @pytest.mark.slow
 def test_bench_rollout_fp32_log_probs_are_the_trainers_and_bf16_drifts(tiny_run):
     _, _, rec = tiny_run
+    assert [g["engine"] for g in rec["gap"]] == ["local", "local"]
     gap = {g["dtype"]: g for g in rec["gap"]}
     assert set(gap) == {"float32", "bfloat16"}
     for g in gap.values():
@@ -69,7 +73,7 @@ def test_bench_rollout_writes_markdown_json_and_ends_stdout_with_one_json_line(t
     res, out, rec = tiny_run
     md = (out / "rollout.md").read_text()
     assert "| local | float32 | 32 |" in md and "| generate | bfloat16 | 32 |" in md
-    assert "### Behaviour log-probs b against the trainer's θ (float32)" in md and "| bfloat16 | 32 |" in md
+    assert "### Behaviour log-probs b against the trainer's θ (float32)" in md and "| local | bfloat16 | 32 |" in md
     assert "avx512_bf16" in md and md in res.stdout
     last = json.loads(res.stdout.strip().splitlines()[-1])
     assert last == {**{k: v for k, v in rec.items() if k != "args"}, "out": "out"}
@@ -77,8 +81,19 @@ def test_bench_rollout_writes_markdown_json_and_ends_stdout_with_one_json_line(t
 
 
 @pytest.mark.parametrize("bad, named", [(["--dtypes", "float32,float16"], "float16"), (["--batch", "0"], "--batch"),
-                                        (["--trainer-dtype", "fp16"], "fp16")])
+                                        (["--trainer-dtype", "fp16"], "fp16"),
+                                        (["--engines", "local,sglang"], "sglang"),
+                                        (["--engines", "local,local"], "each once")])
 def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
     res = a3po("bench", "rollout", *bad, cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and named in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bench_rollout_without_vllm_refuses_its_arm_in_one_line(tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: tests/test_vllm.py runs its arm")
+    res = a3po("bench", "rollout", "--model", "tiny", "--engines", "local,vllm", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--engines vllm" in res.stderr and ".venv-vllm" in res.stderr
     assert not (tmp_path / "runs").exists()

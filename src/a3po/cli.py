@@ -3,7 +3,7 @@
     a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
-    a3po bench rollout [options]                   rollout tokens/s per dtype vs model.generate, log-prob gap
+    a3po bench rollout [options]                   rollout tokens/s per engine and dtype, log-prob gap
     a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
     a3po bench staleness [--etas 0,2,4,8] [--minibatches 1,4] [--arms ...] [--seeds N] [key=value ...]
                                                    every arm's training against the staleness bound eta
@@ -65,6 +65,7 @@ def _add_bench_parsers(sub) -> None:
         ARM_NAMES,
         METHODS,
         ROLLOUT_DTYPES,
+        ROLLOUT_ENGINES,
         STALENESS_ARMS,
         RolloutBenchArgs,
         StalenessArgs,
@@ -93,11 +94,15 @@ def _add_bench_parsers(sub) -> None:
     step.add_argument("--out", default=d.out, help="output folder (suffixed -2, -3, ... if taken)")
 
     r = RolloutBenchArgs()
-    rollout = kinds.add_parser("rollout", help="rollout tokens/s per dtype vs model.generate, and the log-prob gap",
-                               description="Time the local rollout engine in each dtype against model.generate on "
-                                           "the same batch, and compare its log-probs with the trainer's.")
+    rollout = kinds.add_parser("rollout", help="rollout tokens/s per engine and dtype (local, model.generate, "
+                                                       "vLLM), and the log-prob gap",
+                               description="Time the local rollout engine in each dtype against model.generate "
+                                           "(and vLLM with --engines) on the same batch, and compare its "
+                                           "log-probs with the trainer's.")
     rollout.add_argument("--model", default=r.model, help="actor.path (tiny for a quick run)")
     rollout.add_argument("--dtypes", type=_csv(str), default=r.dtypes, help=f"subset of {','.join(ROLLOUT_DTYPES)}")
+    rollout.add_argument("--engines", type=_csv(str), default=r.engines,
+                         help=f"subset of {','.join(ROLLOUT_ENGINES)} (vllm: where vLLM is installed, README)")
     rollout.add_argument("--trainer-dtype", default=r.trainer_dtype,
                          help="actor.dtype of the trainer the log-probs are compared with (auto, float32, bfloat16)")
     rollout.add_argument("--batch", type=int, default=r.batch, help="requests in the batch (the worker's max batch)")

@@ -9,6 +9,7 @@ from a3po.algo.variants import PROX_METHODS
 # bench step's proximal methods: every way of getting p; metrics is recompute plus error bookkeeping
 METHODS = tuple(m for m in PROX_METHODS if m != "metrics")
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
+ROLLOUT_ENGINES = ("local", "generate", "vllm")  # bench rollout's engines; vllm only where vLLM is installed
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics")  # bench e2e's arms, defined in e2e.py
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
 
@@ -48,6 +49,7 @@ class StepBenchArgs:
 class RolloutBenchArgs:
     model: str = "smollm2-135m-instruct"
     dtypes: list[str] = field(default_factory=lambda: list(ROLLOUT_DTYPES))
+    engines: list[str] = field(default_factory=lambda: ["local", "generate"])
     trainer_dtype: str = "auto"  # the actor dtype the log-prob gap is measured against
     batch: int = 64  # the rollout worker's max batch: one worker's full load
     max_new_tokens: int = 24  # gconfig.max_new_tokens' default
@@ -67,6 +69,10 @@ class RolloutBenchArgs:
                      for d in self.dtypes if d not in ROLLOUT_DTYPES]
         problems += (["--dtypes: give at least one, each once"]
                      if not self.dtypes or len(set(self.dtypes)) < len(self.dtypes) else [])
+        problems += [f"--engines: unknown '{e}' (choose from {','.join(ROLLOUT_ENGINES)})"
+                     for e in self.engines if e not in ROLLOUT_ENGINES]
+        problems += (["--engines: give at least one, each once"]
+                     if not self.engines or len(set(self.engines)) < len(self.engines) else [])
         problems += [f"--trainer-dtype: unknown '{self.trainer_dtype}' (choose from auto,{','.join(ROLLOUT_DTYPES)})"
                      ] if self.trainer_dtype not in ("auto", *ROLLOUT_DTYPES) else []
         if problems:

@@ -1,8 +1,9 @@
-"""`a3po bench rollout`: tokens/s of the local rollout engine per dtype, against `model.generate`,
-and how far each dtype's behaviour log-probs are from the trainer's.
+"""`a3po bench rollout`: tokens/s of the rollout engines per dtype, against `model.generate`,
+and how far each engine's behaviour log-probs are from the trainer's.
 
-    a3po bench rollout [--model M] [--dtypes float32,bfloat16] [--trainer-dtype auto]
-                       [--batch 64] [--max-new-tokens 24] [--repeats 3] [--threads 1] [--out DIR]
+    a3po bench rollout [--model M] [--dtypes float32,bfloat16] [--engines local,generate[,vllm]]
+                       [--trainer-dtype auto] [--batch 64] [--max-new-tokens 24] [--repeats 3]
+                       [--threads 1] [--out DIR]
 
 Why both in one run: `rollout.dtype` trades generation speed against the gap between the
 log-probs b the engine reports for its tokens and the trainer's θ for the same tokens.
@@ -14,13 +15,16 @@ rollout worker encodes its prompts), the same weights (the bfloat16 model is a c
 float32 one, as a worker's copy is) and the same sampling settings (temperature 1, top-p 1,
 no top-k), for each dtype:
   - local:    `LocalEngine` + `a3po.rollout.generate`, one batch of `--batch` requests;
-  - generate: `model.generate(do_sample=True)` on the same batch, left-padded with a mask.
+  - generate: `model.generate(do_sample=True)` on the same batch, left-padded with a mask;
+  - vllm:     `VLLMEngine` (rollout.backend=vllm), one engine per dtype started once before the
+              timing (its start-up, compilation included, is reported apart), the same requests
+              and seeds. Only where vLLM is installed (`.venv-vllm/bin/a3po bench rollout`).
 End-of-sequence stopping is off everywhere, so every row runs to `--max-new-tokens` and the
 arms' token counts must agree (checked). Arms alternate within each repeat, after one short
 untimed warm-up call each, so drifting machine load hits them alike; tokens/s is the median
 and min..max over `--repeats`.
 
-The gap: the completions each local engine sampled in its first timed repeat are scored by
+The gap: the completions each local or vLLM engine sampled in its first timed repeat are scored by
 the trainer's own code path, `TrainEngine.compute_logp` (actor dtype `--trainer-dtype`,
 resolved as `actor.dtype=auto` is: bfloat16 where the CPU computes it natively), temperature
 1. Over the generated tokens, with θ the trainer's and b the engine's log-probs: mean and max
@@ -39,18 +43,20 @@ token counts agree); what is measured is what each mode costs a rollout-bound wo
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from a3po.bench.args import RolloutBenchArgs
+from a3po.bench.args import ROLLOUT_ENGINES, RolloutBenchArgs
 from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
 from a3po.config import ConfigError, load_config
 from a3po.data import Example
@@ -64,14 +70,13 @@ from a3po.train.engine import TrainEngine
 from a3po.train.run import unique_dir
 from a3po.trajectories import Trajectory, collate
 
-ENGINES = ("local", "generate")
 UPDATE_MODES = ("keep_kv", "reprefill")  # rollout.weight_update, as engines "update:<mode>"
 Sampler = Callable[[list[list[int]], int, int], list[Completion]]  # (prompts, max_new_tokens, seed) -> completions
 
 
 @dataclass(frozen=True)
 class Arm:
-    engine: str  # one of ENGINES
+    engine: str  # one of ROLLOUT_ENGINES, or update:<mode>
     dtype: str
 
     @property
@@ -127,18 +132,47 @@ def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int,
     return [Completion(i, p, out[i, L:].tolist()) for i, p in enumerate(prompts)]  # out: (B, L + new)
 
 
-def samplers(base, dtypes: list[str], pad_id: int, update_every: int) -> dict[Arm, Sampler]:
-    """Both engines per dtype; a float32 model is `base` itself, others are casts of it (same weights).
-    With update_every, the two weight-update modes in the rollout default dtype too."""
+def vllm_sample(engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
+    """One batch on a long-lived vLLM engine (started without end-of-sequence ids, so no row stops early)."""
+    return generate(engine, [GenerationRequest(p, max_new_tokens, rid=i, seed=seed * 100_003 + i)
+                             for i, p in enumerate(prompts)])
+
+
+def start_vllm(model, tokenizer, dtype: str, batch: int, threads: int, stack: ExitStack):
+    """A VLLMEngine on `model`'s weights and the seconds its start took; closed when `stack` closes."""
+    from a3po.rollout.vllm_engine import VLLMEngine
+
+    t0 = time.perf_counter()
+    engine = VLLMEngine.from_model(model, tokenizer, dtype=dtype, max_batch=batch, seed=0, eos_token_ids=())
+    stack.callback(engine.close)
+    torch.set_num_threads(threads)  # the arms share one thread budget, whatever vLLM's start chose
+    return engine, time.perf_counter() - t0
+
+
+def samplers(base, tokenizer, args: RolloutBenchArgs, stack: ExitStack) -> tuple[dict[Arm, Sampler], dict[str, float]]:
+    """Every engine per dtype, and each vLLM engine's start-up seconds. A float32 model is `base` itself,
+    others are casts of it (same weights). With update_every, the local engine's two weight-update modes
+    in the rollout default dtype too."""
     update_dtype = resolve_dtype("auto", CPU)
-    models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in {*dtypes, update_dtype}}
+    pad_id = tokenizer.pad_token_id
+    models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in {*args.dtypes, update_dtype}}
     fns = {"local": local_sample, "generate": hf_sample}
-    arms = {Arm(e, d): partial(fns[e], models[d], pad_id) for d in dtypes for e in ENGINES}
-    if update_every:
+    arms: dict[Arm, Sampler] = {}
+    started: dict[str, float] = {}
+    for d in args.dtypes:
+        for e in (e for e in ROLLOUT_ENGINES if e in args.engines):
+            if e == "vllm":
+                progress(f"  starting vLLM ({d}) ...")
+                engine, started[d] = start_vllm(models[d], tokenizer, d, args.batch, args.threads, stack)
+                progress(f"  vLLM ({d}) ready in {started[d]:.1f} s")
+                arms[Arm(e, d)] = partial(vllm_sample, engine)
+            else:
+                arms[Arm(e, d)] = partial(fns[e], models[d], pad_id)
+    if args.update_every and "local" in args.engines:
         for mode in UPDATE_MODES:
             arms[Arm(f"update:{mode}", update_dtype)] = partial(updating_sample, models[update_dtype], pad_id,
-                                                                update_every, mode == "reprefill")
-    return arms
+                                                                args.update_every, mode == "reprefill")
+    return arms, started
 
 
 def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: int,
@@ -173,16 +207,23 @@ def logprob_gap(trainer: TrainEngine, completions: list[Completion]) -> dict:
 
 
 def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str]) -> list[dict]:
-    """One row per arm: tokens/s spread, seconds per call, local/generate and the ratio to the first dtype."""
+    """One row per arm: tokens/s spread, seconds per call, and its speed against generate, against the
+    local engine (vLLM's rows) and against the same engine in the first dtype."""
     med = {a: statistics.median(tokens / s for s in t) for a, t in secs.items()}
+
+    def over(arm: Arm, other: Arm) -> float | None:
+        return med[arm] / med[other] if other in med and arm != other else None
+
     rows = []
     for arm, t in secs.items():
+        sampler = arm.engine in ("local", "vllm")
         rows.append({
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
             **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
-            "local_over_generate": med[arm] / med[Arm("generate", arm.dtype)] if arm.engine == "local" else None,
-            "over_first_dtype": (med[arm] / med[Arm(arm.engine, dtypes[0])]
-                                 if Arm(arm.engine, dtypes[0]) in med else None),
+            "over_generate": over(arm, Arm("generate", arm.dtype)) if sampler else None,
+            "over_local": over(arm, Arm("local", arm.dtype)) if arm.engine == "vllm" else None,
+            "over_first_dtype": (1.0 if arm.dtype == dtypes[0] else over(arm, Arm(arm.engine, dtypes[0])))
+            if not arm.engine.startswith("update:") else None,
         })
     return rows
 
@@ -198,29 +239,36 @@ def load_model(name: str):
 def run(args: RolloutBenchArgs) -> dict:
     torch.set_num_threads(args.threads)
     trainer_dtype = resolve_dtype(args.trainer_dtype, CPU)
+    if "vllm" in args.engines and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("--engines vllm: vLLM is not installed in this environment; run the benchmark with "
+                          ".venv-vllm/bin/a3po (make install-vllm, README) or leave vllm out of --engines")
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_model(args.model)
     out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind
     prompts = arithmetic_prompts(tok, args.batch)
-    arms = samplers(base, args.dtypes, tok.pad_token_id, args.update_every)
     progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
-             f"{len(arms)} arms x {args.repeats} repeats, {args.threads} thread(s); writing to {out}")
-    secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
+             f"engines {','.join(args.engines)}, {args.threads} thread(s); writing to {out}")
+    with ExitStack() as engines:  # vLLM engines, closed (their /dev/shm folders removed) however this ends
+        arms, vllm_start = samplers(base, tok, args, engines)
+        progress(f"  {len(arms)} arms x {args.repeats} repeats")
+        secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
 
     # only after the last generation: TrainEngine makes the float32 model its own (it turns use_cache off)
     trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
                           temperature=1.0)
-    gaps = {d: logprob_gap(trainer, first[Arm("local", d)]) for d in args.dtypes}
+    gaps = [{"engine": a.engine, "dtype": a.dtype, **logprob_gap(trainer, first[a])}
+            for a in first if a.engine in ("local", "vllm")]
     rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes)
     local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == "local"}
     record = {
         "benchmark": "rollout", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
         "batch": args.batch, "max_new_tokens": args.max_new_tokens, "prompt_len": [min(map(len, prompts)),
                                                                                      max(map(len, prompts))],
-        "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "trainer_dtype": trainer_dtype,
+        "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "engines": args.engines,
+        "trainer_dtype": trainer_dtype, "vllm_start_s": vllm_start,
         "machine": {**machine(), "native_bf16": native_bf16(CPU)}, "torch": torch.__version__, "args": asdict(args),
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
-        "arms": rows, "gap": [{"dtype": d, **g} for d, g in gaps.items()],
+        "arms": rows, "gap": gaps,
         "local_bf16_over_fp32": local["bfloat16"] / local["float32"] if {"float32", "bfloat16"} <= set(local) else None,
         "update_every": args.update_every,
         "keep_kv_over_reprefill": _ratio(rows, "update:keep_kv", "update:reprefill"),
@@ -244,15 +292,17 @@ def markdown(r: dict) -> str:
          f"{r['prompt_len'][0]}-{r['prompt_len'][1]} tokens; torch {r['torch']}; {machine_line(r['machine'])}; "
          f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end."),
         "",
-        f"| engine | dtype | tokens | tok/s | min..max | per call | local / generate | vs {first} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| engine | dtype | tokens | tok/s | min..max | per call | vs generate | vs local | vs {first} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in r["arms"]:
-        vs = f"{a['local_over_generate']:.2f}x" if a["local_over_generate"] is not None else "-"
-        first_vs = f"{a['over_first_dtype']:.2f}x" if a["over_first_dtype"] is not None else "-"
+        ratios = " | ".join(f"{a[k]:.2f}x" if a[k] is not None else "-"
+                            for k in ("over_generate", "over_local", "over_first_dtype"))
         lines.append(f"| {a['engine']} | {a['dtype']} | {a['tokens']} | {a['tok_per_s_median']:.1f} "
-                     f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} | {vs} "
-                     f"| {first_vs} |")
+                     f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} | {ratios} |")
+    if r["vllm_start_s"]:
+        lines += ["", "vLLM start-up, before the timing (compilation included): " + ", ".join(
+            f"{d} {s:.1f} s" for d, s in r["vllm_start_s"].items()) + "."]
     if r["keep_kv_over_reprefill"] is not None:
         lines += ["", f"`update:<mode>`: the local engine with new weights every {r['update_every']} decode steps "
                       f"(`rollout.weight_update`); keep_kv / reprefill = **{r['keep_kv_over_reprefill']:.2f}x**."]
@@ -261,14 +311,15 @@ def markdown(r: dict) -> str:
         f"### Behaviour log-probs b against the trainer's θ ({r['trainer_dtype']})",
         "",
         (f"`TrainEngine.compute_logp` (actor.dtype={r['trainer_dtype']}, temperature 1) on the completions each "
-         "local engine sampled in its first timed repeat, over the generated tokens; "
+         "local or vLLM engine sampled in its first timed repeat, over the generated tokens; "
          "k3 = mean(exp(θ − b) − (θ − b) − 1) estimates KL(behaviour ‖ trainer)."),
         "",
-        "| rollout dtype | tokens | mean abs(θ − b) | max abs(θ − b) | k3 KL |",
-        "|---|---:|---:|---:|---:|",
+        "| engine | rollout dtype | tokens | mean abs(θ − b) | max abs(θ − b) | k3 KL |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for g in r["gap"]:
-        lines.append(f"| {g['dtype']} | {g['tokens']} | {g['abs_mean']:.3g} | {g['abs_max']:.3g} | {g['k3_kl']:.3g} |")
+        lines.append(f"| {g['engine']} | {g['dtype']} | {g['tokens']} | {g['abs_mean']:.3g} | {g['abs_max']:.3g} "
+                     f"| {g['k3_kl']:.3g} |")
     return "\n".join(lines) + "\n"
 
 
