@@ -108,6 +108,9 @@ CASES = {
     "top-k-while-training": Case([*TINY, "gconfig.top_k=20"], "gconfig.top_k=20 conflicts: must be 0", fast=True),
     "vllm-missing": Case([*TINY, "rollout.backend=vllm"], "rollout.backend=vllm needs vLLM, which is not installed"),
     "device-misspelt": Case([*TINY, "actor.device=gpu"], "use auto, cpu, cuda or cuda:N", fast=True),
+    "ranks-on-one-gpu": Case([*TINY, "cluster.n_trainer_ranks=2", "actor.device=cuda:0"],
+                             "each rank takes a GPU of its own", fast=True),
+    "data-parallel-misspelt": Case([*TINY, "cluster.data_parallel=fsdp"], "cluster.data_parallel", fast=True),
     "no-cuda-trainer": Case([*TINY, "actor.device=cuda"], "actor.device=cuda, but this torch"),
     "no-cuda-rollout": Case([*TINY, "rollout.device=cuda:1"], "rollout.device=cuda:1, but this torch"),
     # dataset files

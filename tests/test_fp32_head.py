@@ -58,7 +58,7 @@ def test_the_trainer_computes_the_head_in_fp32_under_bf16_autocast(tiny):
     cfg = load_config(None, ["actor.dtype=bfloat16", "actor.fp32_lm_head=true"]).actor
     engine = TrainEngine(copy.deepcopy(model), cfg, 1)
     logp = engine.compute_logp(batch)
-    with torch.no_grad(), engine._autocast():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = engine.model.base_model(input_ids=batch.input_ids).last_hidden_state
     head = engine.model.get_output_embeddings().weight
     expected = torch.log_softmax(hidden[:, :-1].float() @ head.T, -1).gather(-1, batch.input_ids[:, 1:, None])

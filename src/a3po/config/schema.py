@@ -200,6 +200,18 @@ class LoggingConfig:
 
 
 @dataclass
+class ClusterConfig:
+    n_trainer_ranks: int = opt(1, "data-parallel trainer processes on this machine (torch.distributed: gloo on CPU, "
+                                  "NCCL on GPU); each trains on its share of every step's batch. Under torchrun "
+                                  "the launcher's WORLD_SIZE decides instead", ge=1)
+    data_parallel: str = opt("fsdp2", "how the ranks hold the model: fsdp2 (parameters, gradients and optimizer "
+                                      "state sharded with fully_shard) or ddp (replicated, gradients averaged)",
+                             choices=("fsdp2", "ddp"))
+    timeout_s: float = opt(600.0, "longest wait of one trainer rank on the others (a collective, the start-up) "
+                                  "before the run stops", gt=0)
+
+
+@dataclass
 class Config:
     experiment_name: str = opt("a3po", "name of the run; the run directory is <fileroot>/<experiment_name>")
     fileroot: str = opt("runs", "folder holding run directories")
@@ -212,6 +224,7 @@ class Config:
     evaluator: EvalConfig = section(EvalConfig, "held-out evaluation")
     saver: SaverConfig = section(SaverConfig, "checkpoints")
     logging: LoggingConfig = section(LoggingConfig, "metrics sinks")
+    cluster: ClusterConfig = section(ClusterConfig, "trainer processes")
 
 
 def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
@@ -256,6 +269,10 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                 f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
                 "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
                 "lower gconfig.temperature instead")))
+    if cfg.cluster.n_trainer_ranks > 1 and a.device.startswith("cuda:"):
+        problems.append(("actor.device", a.device, (
+            f"cuda or auto with cluster.n_trainer_ranks={cfg.cluster.n_trainer_ranks}: each rank takes a GPU "
+            "of its own (cuda:<rank>); CUDA_VISIBLE_DEVICES picks which")))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
         problems.append(("gconfig.n_samples", 1, (
             "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "

@@ -47,8 +47,9 @@ from a3po.algo import (
 from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
 from a3po.devices import resolve_dtype
-from a3po.train.logprobs import token_logp_entropy
+from a3po.train.logprobs import PolicyLogp
 from a3po.train.optim import build_optimizer
+from a3po.train.parallel import DataParallel
 from a3po.trajectories import TrainBatch
 
 STATE_FILE = "trainer_state.pt"
@@ -75,69 +76,77 @@ def minibatches(n_rows: int, n: int) -> list[list[int]]:
 
 class TrainEngine:
     def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", dp: DataParallel | None = None):
         self.device = torch.device(device)
         self.model = model.float().to(self.device)
         self.cfg = cfg
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.temperature = temperature
         self.version = 0
+        self.dp = dp
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("models whose output layer has a bias are not supported by the chunked log-prob path yet")
         if cfg.gradient_checkpointing:  # transformers 5 renamed it; older releases only have the old name
             enable = (getattr(self.model, "activation_checkpointing_enable", None)
                       or self.model.gradient_checkpointing_enable)
             enable()
         self.model.config.use_cache = False
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optimizer, total_optimizer_steps)
         self.ref_model = None
-        if cfg.kl_ctl > 0:
+        if cfg.kl_ctl > 0:  # every rank holds the whole frozen reference: its passes need no collective
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        head = self.model.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise ValueError("models whose output layer has a bias are not supported by the chunked log-prob path yet")
+        self.autocast = torch.bfloat16 if self.dtype == "bfloat16" else None  # the forward's compute dtype
+        self.policy = PolicyLogp(self.model, temperature, self.autocast, cfg.fp32_lm_head)
+        self.ref_policy = (PolicyLogp(self.ref_model, temperature, self.autocast, cfg.fp32_lm_head)
+                           if self.ref_model is not None else None)
+        # With several ranks, rank 0 keeps the whole model besides its shard: what weight sync publishes,
+        # evaluation samples from and checkpoints hold; it is refreshed after every update.
+        self.full_model = self.model
+        if dp is not None:
+            self.full_model = copy.deepcopy(self.model) if dp.leader else None
+            self.policy = dp.wrap(self.policy)
+        self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optimizer,
+                                                         total_optimizer_steps)
 
     # -- forward --------------------------------------------------------------------------
 
-    def _autocast(self):
-        if self.dtype == "bfloat16":
-            return torch.autocast("cpu" if self.model.device.type == "cpu" else self.model.device.type,
-                                  dtype=torch.bfloat16)
-        return nullcontext()
-
-    def _logp(self, model, batch: TrainBatch, with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+    def _logp(self, policy, batch: TrainBatch, with_entropy: bool = True) -> tuple[Tensor, Tensor]:
         """(log-probs, entropy) of every output token, on its own position: both (B, T), 0 elsewhere
         (entropy all 0 without with_entropy: the no-grad passes never read it)."""
-        with self._autocast():
-            hidden = model.base_model(input_ids=batch.input_ids,
-                                      attention_mask=batch.attention_mask.long()).last_hidden_state  # (B, T, H)
-        # hidden at position i predicts token i + 1
-        pred_mask = batch.loss_mask[:, 1:]  # (B, T-1)
-        h = hidden[:, :-1][pred_mask]  # (N, H)
-        if self.cfg.fp32_lm_head:
-            h = h.float()  # the head's matmul then runs on the fp32 master weight
-        targets = batch.input_ids[:, 1:][pred_mask]  # (N,)
-        logp_tok, ent_tok = token_logp_entropy(h, model.get_output_embeddings().weight, targets, self.temperature,
-                                               with_entropy)
-        B, T = batch.input_ids.shape
-        logp = torch.zeros(B, T, dtype=logp_tok.dtype, device=h.device)
-        ent = torch.zeros(B, T, dtype=ent_tok.dtype, device=h.device)
+        pred_mask = batch.loss_mask[:, 1:]  # (B, T-1): hidden at position i predicts token i + 1
+        logp_tok, ent_tok = policy(batch.input_ids, batch.attention_mask, pred_mask, with_entropy)
         full_mask = torch.zeros_like(batch.loss_mask)
         full_mask[:, 1:] = pred_mask
-        logp = logp.masked_scatter(full_mask, logp_tok)
-        ent = ent.masked_scatter(full_mask, ent_tok)
-        return logp, ent
+        logp = torch.zeros(batch.input_ids.shape, dtype=logp_tok.dtype, device=logp_tok.device)
+        ent = torch.zeros(batch.input_ids.shape, dtype=ent_tok.dtype, device=ent_tok.device)
+        return logp.masked_scatter(full_mask, logp_tok), ent.masked_scatter(full_mask, ent_tok)
 
     @torch.no_grad()
-    def compute_logp(self, batch: TrainBatch, model=None) -> Tensor:
-        """Log-probs (B, T) of the current weights, without gradient, micro-batched."""
-        model = model or self.model
+    def compute_logp(self, batch: TrainBatch, model=None, rows: list[int] | None = None) -> Tensor:
+        """Log-probs (B, T) of the current weights (or of another causal LM `model`, such as the reference),
+        without gradient, micro-batched, on `rows` only when given (0 on the others). With several ranks,
+        for the current weights, a collective."""
+        policy = self.policy if model is None else self.ref_policy if model is self.ref_model else PolicyLogp(
+            model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
         batch = batch.to(self.device)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
-        for rows in micro_batches(batch, self.cfg.mb_spec.max_tokens_per_mb):
-            mb = batch.select(rows)
-            logp, _ = self._logp(model, mb, with_entropy=False)
-            out[rows, : logp.shape[1]] = logp.float()
+        groups = micro_batches(batch.select(rows) if rows is not None else batch, self.cfg.mb_spec.max_tokens_per_mb)
+        if rows is not None:
+            groups = [[rows[i] for i in g] for g in groups]
+        for g in self._padded(groups, policy):
+            logp, _ = self._logp(policy, batch.select(g or [0]), with_entropy=False)
+            if g:
+                out[g, : logp.shape[1]] = logp.float()
         return out
+
+    def _padded(self, groups: list[list[int]], policy) -> list[list[int]]:
+        """`groups` plus empty ones up to the most any rank has: under FSDP2 every forward of the
+        policy is a collective, and DDP reduces on each rank's last backward, so every rank runs
+        as many passes (an empty group runs one row whose loss counts 0)."""
+        if self.dp is None or policy is not self.policy:
+            return groups
+        return groups + [[] for _ in range(self.dp.most(len(groups)) - len(groups))]
 
     @torch.no_grad()
     def reference_kl(self, batch: TrainBatch) -> Tensor:
@@ -157,58 +166,82 @@ class TrainEngine:
     # -- one training step ----------------------------------------------------------------
 
     def ppo_update(self, batch: TrainBatch) -> dict[str, float]:
+        """One training step. With several ranks, rank 0 calls it and the others follow (parallel.py);
+        each trains on its share of every minibatch, and rank 0 alone returns the statistics."""
+        if self.dp is not None:
+            self.dp.announce("ppo_update", batch)
         cfg, v = self.cfg, self.version
         batch = batch.to(self.device)
         self.model.train()
         stats: dict[str, float] = {}
+        parts = [self.dp.share(rows) if self.dp else rows for rows in minibatches(len(batch), cfg.ppo_n_minibatches)]
 
-        # 1. Proximal log-probs that cost a forward pass of version v.
+        # 1. Proximal log-probs that cost a forward pass of version v (of this rank's rows).
         logp_recomputed, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
         if self.method and self.method.needs_recompute:
             t0 = time.perf_counter()
-            logp_recomputed = self.compute_logp(batch)
+            logp_recomputed = self.compute_logp(batch, rows=[i for rows in parts for i in rows] if self.dp else None)
             stats["perf/prox_logp_s"] = time.perf_counter() - t0
 
-        # 2. One optimizer step per minibatch, gradients accumulated over micro-batches.
+        # 2. One optimizer step per minibatch, gradients accumulated over micro-batches. The loss
+        #    keeps the whole minibatch's token and sequence counts whatever share a rank trains on.
         t0 = time.perf_counter()
         pieces: list[dict[str, Tensor]] = []
         grad_norms = []
         opt_s = 0.0
         for k, rows in enumerate(minibatches(len(batch), cfg.ppo_n_minibatches)):
             mini = batch.select(rows)
-            rec_mini = logp_recomputed[rows, : mini.input_ids.shape[1]] if logp_recomputed is not None else None
             n_tokens = mini.n_tokens
             n_seqs = int((mini.loss_mask.sum(-1) > 0).sum())
-            for micro_rows in micro_batches(mini, cfg.mb_spec.max_tokens_per_mb):
-                mb = mini.select(micro_rows)
-                rec = rec_mini[micro_rows, : mb.input_ids.shape[1]] if rec_mini is not None else None
-                pieces.append(self._micro_step(mb, rec, v, n_tokens, n_seqs, first_minibatch=k == 0))
+            own = parts[k]
+            groups = [[own[i] for i in g] for g in micro_batches(batch.select(own), cfg.mb_spec.max_tokens_per_mb)]
+            groups = self._padded(groups, self.policy)
+            for j, g in enumerate(groups):
+                mb = batch.select(g or rows[:1])
+                rec = logp_recomputed[g or rows[:1], : mb.input_ids.shape[1]] if logp_recomputed is not None else None
+                with self._grad_sync(last=j == len(groups) - 1):
+                    piece = self._micro_step(mb, rec, v, n_tokens, n_seqs, first_minibatch=k == 0,
+                                             scale=(self.dp.world if self.dp else 1) if g else 0)
+                if g:
+                    pieces.append(piece)
             t_opt = time.perf_counter()
             grad_norms.append(self._optimizer_step())
             opt_s += time.perf_counter() - t_opt
         stats["perf/train_s"] = time.perf_counter() - t0
         stats["perf/optimizer_s"] = opt_s  # part of train_s: clipping, AdamW, scheduler
 
-        # 3. Version bump and statistics.
+        # 3. Version bump, rank 0's whole copy of the new weights, statistics over every rank's tokens.
         self.version += 1
         self.model.eval()
+        if self.dp is not None:
+            full = self.dp.full_state_dict(self.policy)
+            gathered = self.dp.gather(pieces)
+            if not self.dp.leader:
+                return {}
+            self.full_model.load_state_dict({k.removeprefix("model."): t for k, t in full.items()})
+            pieces = [p for rank in gathered for p in rank]
         stats.update(self._stats(pieces, v))
         stats["train/grad_norm"] = max(grad_norms)
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats
 
+    def _grad_sync(self, last: bool):
+        return self.dp.sync_grads(self.policy, last) if self.dp is not None else nullcontext()
+
     def _micro_step(self, mb: TrainBatch, logp_recomputed: Tensor | None, v: int, n_tokens: int, n_seqs: int,
-                    first_minibatch: bool) -> dict[str, Tensor]:
+                    first_minibatch: bool, scale: float = 1) -> dict[str, Tensor]:
+        """Forward, loss and backward of one micro-batch; `scale` multiplies the loss that backward sees
+        (the rank count under data parallelism, 0 for a pass that only keeps FSDP2's ranks in step)."""
         cfg = self.cfg
-        logp, entropy = self._logp(self.model, mb)
+        logp, entropy = self._logp(self.policy, mb)
         if self.method is None:
             prox = mb.logp_behav  # coupled PPO: p = b
         else:
             prox = proximal_logp(self.method.name, mb.logp_behav, logp, mb.versions, v, logp_recomputed)
         kl = None
-        if self.ref_model is not None and not cfg.kl_in_reward:
+        if self.ref_policy is not None and not cfg.kl_in_reward:
             with torch.no_grad():
-                ref, _ = self._logp(self.ref_model, mb, with_entropy=False)
+                ref, _ = self._logp(self.ref_policy, mb, with_entropy=False)
             kl = kl_penalty(logp, ref, cfg.kl_estimator)
         loss, terms = ppo_loss(
             logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask,
@@ -220,10 +253,10 @@ class TrainEngine:
             agg_mode=cfg.loss_agg_mode, agg_norm=cfg.loss_agg_norm, n_tokens=n_tokens, n_seqs=n_seqs,
             entropy=entropy, entropy_coef=cfg.entropy_coef, kl=kl, kl_coef=cfg.kl_ctl,
         )
-        if not torch.isfinite(loss):
+        if self.dp is None and not torch.isfinite(loss):  # with ranks, the gradient norm says it on every rank
             raise FloatingPointError(f"loss is {loss.item()} at version {v}; "
                                      "lower actor.optimizer.lr or check rewards/log-probs")
-        loss.backward()
+        (loss * scale if scale != 1 else loss).backward()
         m = mb.loss_mask
         piece = {
             "loss": loss.detach(),
@@ -245,8 +278,9 @@ class TrainEngine:
 
     def _optimizer_step(self) -> float:
         clip = self.cfg.optimizer.gradient_clipping
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.policy.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError("gradient norm is not finite; "
@@ -279,23 +313,33 @@ class TrainEngine:
     # -- checkpoints and weight export ----------------------------------------------------
 
     def weights(self) -> dict[str, Tensor]:
-        """Every weight under its Hugging Face name, tied ones included, for weight sync.
+        """Every weight under its Hugging Face name, tied ones included, for weight sync (rank 0).
 
         Live views, not copies: the sync copies them once, straight into shared memory."""
-        return self.model.state_dict()
+        return self.full_model.state_dict()
 
     def save(self, directory: str | Path, tokenizer=None) -> None:
         """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume.
 
-        trainer_state.pt holds only tensors and plain types, so `load` can read it with weights_only=True."""
+        trainer_state.pt holds only tensors and plain types, so `load` can read it with weights_only=True.
+        With several ranks the optimizer state is gathered whole, keyed by parameter name (every rank
+        takes part; rank 0 writes)."""
+        if self.dp is not None:
+            self.dp.announce("save", directory)
+            optimizer = self.dp.full_optimizer_state(self.policy, self.optimizer)
+            if not self.dp.leader:
+                return
+        else:
+            optimizer = self.optimizer.state_dict()
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(d, safe_serialization=True)
+        self.full_model.save_pretrained(d, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(d)
         torch.save({
             "version": self.version,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
+            "ranks": self.dp.world if self.dp else 1,
             "scheduler": self.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }, d / STATE_FILE)
@@ -304,7 +348,8 @@ class TrainEngine:
         """Restore what `save` wrote into this engine (same architecture, same config).
 
         Everything is read and checked before anything is applied, so a checkpoint that turns
-        out unreadable leaves the engine as it was and resume can try an older one."""
+        out unreadable leaves the engine as it was and resume can try an older one. With several
+        ranks, rank 0 tells the others to load the same folder once it has read it."""
         d = Path(directory)
         weights = _read_weights(d)
         missing, unexpected = _mismatch(self.model, weights)
@@ -312,8 +357,18 @@ class TrainEngine:
             raise ValueError(f"checkpoint {d} does not match the model: "
                              f"missing {missing[:3]}, unexpected {unexpected[:3]}")
         state = _read_state(d / STATE_FILE)
-        self.model.load_state_dict(weights, strict=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        ranks, saved = (self.dp.world if self.dp else 1), state.get("ranks", 1)
+        if (ranks > 1) != (saved > 1):
+            raise ValueError(f"checkpoint {d} was written by {saved} trainer rank(s); resume it with "
+                             f"cluster.n_trainer_ranks={'1' if saved == 1 else 'N > 1'}")
+        if self.dp is not None:
+            self.dp.announce("load", directory)
+            self.dp.load(self.policy, self.optimizer, {f"model.{k}": t for k, t in weights.items()},
+                         state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.full_model is not None:
+            self.full_model.load_state_dict(weights, strict=False)
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])

@@ -104,3 +104,30 @@ def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperat
     with_entropy=False skips the entropy (returned as zeros) where nobody reads it, as in
     the no-grad proximal pass: one exp and one product over the vocabulary less."""
     return _TokenLogpEntropy.apply(hidden, weight, targets, float(temperature), with_entropy)
+
+
+class PolicyLogp(torch.nn.Module):
+    """A causal LM whose forward ends in the chunked log-probs of the given targets.
+
+    One module from tokens to log-probs, because data parallelism hooks a module's forward:
+    FSDP2 gathers the sharded embedding, final norm and LM head around the root's forward,
+    and the LM head here is used outside the Hugging Face model's own forward."""
+
+    def __init__(self, model, temperature: float, autocast_dtype: torch.dtype | None, fp32_head: bool):
+        super().__init__()
+        self.model = model
+        self.temperature, self.autocast_dtype, self.fp32_head = temperature, autocast_dtype, fp32_head
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, pred_mask: Tensor,
+                with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropy (N,) of the tokens `pred_mask` (B, T-1) marks: position i predicts token i + 1."""
+        device = input_ids.device.type
+        with torch.autocast(device, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            hidden = self.model.base_model(input_ids=input_ids,
+                                           attention_mask=attention_mask.long()).last_hidden_state  # (B, T, H)
+        h = hidden[:, :-1][pred_mask]  # (N, H)
+        if self.fp32_head:
+            h = h.float()  # the head's matmul then runs on the fp32 master weight
+        targets = input_ids[:, 1:][pred_mask]  # (N,)
+        return token_logp_entropy(h, self.model.get_output_embeddings().weight, targets, self.temperature,
+                                  with_entropy)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import transformers
 from tqdm import tqdm
 
@@ -34,6 +34,7 @@ from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
 from a3po.rollout.vllm_engine import MISSING as VLLM_MISSING
 from a3po.signals import Stopped
 from a3po.sync import SharedWeights
+from a3po.train import parallel, ranks
 from a3po.train.checkpoint import CheckpointError, atomic_write_text, latest_checkpoint, save_checkpoint
 from a3po.train.checkpoint import resume as resume_checkpoint
 from a3po.train.cores import CoreLender
@@ -90,6 +91,9 @@ def train(cfg: Config, resume: str | None = None) -> int:
     The line is printed after the clean-up (progress bar closed, workers stopped), so it
     stands on its own line and what it says about the workers is true."""
     progress = Progress()
+    rank, world = ranks.torchrun_rank()
+    if rank > 0:  # under torchrun: this process trains beside rank 0 and does nothing else
+        return ranks.follow(cfg, rank, world, None, split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)[1])
     try:
         return _train(cfg, resume, progress)
     except (Exception, KeyboardInterrupt) as e:
@@ -121,32 +125,40 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
     # Setup: everything that can fail on bad input fails here, before any process starts.
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
-    device = resolve_device(cfg.actor.device, "actor.device")
+    device = ranks.rank_device(cfg.actor.device, 0)
     resolve_device(cfg.rollout.device, "rollout.device")  # checked here: a worker's error would come later
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(VLLM_MISSING)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
-    model, tok = load_policy(cfg.actor.path, seed=cfg.seed)
-    torch.manual_seed(cfg.seed)
+    model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
-    total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
-    engine = TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature, device=device)
-    signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
-
-    run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
-    progress.run_dir, progress.step = run_dir, start_step
-    atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
-    order = DataOrder(len(data.train), cfg.seed, cursor)
-
-    say(f"a3po: run directory {run_dir}")
-    say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
-        f"model {cfg.actor.path} ({engine.dtype} on {device}); {cfg.rollout.n_workers} rollout worker(s) x "
-        f"{per_worker} thread(s), trainer {trainer_threads}")
+    world = ranks.torchrun_rank()[1] if "WORLD_SIZE" in os.environ else cfg.cluster.n_trainer_ranks
     history: list[dict] = []
-    step = start_step
+    finished = False
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
     with contextlib.ExitStack() as cleanup:
+        dp = None
+        if world > 1:
+            port = None if "WORLD_SIZE" in os.environ else parallel.free_port()
+            followers = ranks.start_followers(cfg, world, port, trainer_threads) if port else []
+            cleanup.callback(parallel.close)
+            cleanup.callback(lambda: ranks.end_followers(followers, dp, finished))
+            dp = parallel.init(0, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, port=port)
+        engine = ranks.build_engine(cfg, model, device, dp)
+        signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
+
+        run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
+        progress.run_dir, progress.step = run_dir, start_step
+        atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
+        order = DataOrder(len(data.train), cfg.seed, cursor)
+
+        say(f"a3po: run directory {run_dir}")
+        say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
+            f"model {cfg.actor.path} ({engine.dtype} on {device}"
+            f"{f', {world} ranks, {cfg.cluster.data_parallel}' if world > 1 else ''}); "
+            f"{cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
+        step = start_step
         weights = SharedWeights(engine.weights())
         pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
         cleanup.callback(pool.close)
@@ -168,7 +180,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         if not resume:
             say("a3po: evaluating the initial policy on the held-out split ...")
             t0 = time.perf_counter()
-            first = evaluate(engine.model, tok, data.eval, eval_reward, cfg)
+            first = evaluate(engine.full_model, tok, data.eval, eval_reward, cfg)
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
@@ -183,7 +195,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
             step = progress.step = engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
                 t0 = time.perf_counter()
-                stats.update(evaluate(engine.model, tok, data.eval, eval_reward, cfg))
+                stats.update(evaluate(engine.full_model, tok, data.eval, eval_reward, cfg))
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()
@@ -193,6 +205,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
                 _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
             bar.set_postfix_str(_postfix(stats, last_acc), refresh=False)
             bar.update(1)
+        finished = True
     print(summary(history, run_dir, time.perf_counter() - t_start))
     return 0
 

@@ -1,0 +1,96 @@
+"""Trainer ranks: build the same engine on every rank, start ranks 1..N-1 and end them.
+
+`a3po train cluster.n_trainer_ranks=N` spawns N - 1 follower processes on this machine
+(`start_followers`); under torchrun each rank is already a process, WORLD_SIZE and RANK say
+which, and every rank but 0 becomes a follower in `train()` (`torchrun_rank`). A follower
+builds the engine rank 0 builds, from the same configuration, and runs rank 0's commands
+(train/parallel.py) until rank 0 says stop, dies, or ends it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+
+import torch
+
+from a3po import child, signals
+from a3po.config import Config
+from a3po.devices import resolve_device
+from a3po.train import parallel
+
+JOIN_S = 30.0  # a follower told to stop ends at once; this is the deadline before it is killed
+
+
+def build_engine(cfg: Config, model, device: torch.device, dp: parallel.DataParallel | None):
+    """The training engine on `model` (as `load_policy(cfg.actor.path, seed=cfg.seed)` gave it), the same on
+    every rank."""
+    from a3po.train.engine import TrainEngine
+
+    torch.manual_seed(cfg.seed)
+    total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
+    return TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature, device=device, dp=dp)
+
+
+def rank_device(name: str, rank: int) -> torch.device:
+    """actor.device for one rank: an unnumbered `cuda` means one GPU per rank, cuda:<local rank>."""
+    device = resolve_device(name, "actor.device")
+    if device.type == "cuda" and ":" not in name:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    return device
+
+
+def torchrun_rank() -> tuple[int, int]:
+    """(rank, world size) that torchrun gave this process; (0, 1) outside torchrun."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def follow(cfg: Config, rank: int, world: int, port: int | None, threads: int) -> int:
+    """A follower's whole life; its exit code. Errors are rank 0's to report: a follower only ends."""
+    torch.set_num_threads(threads)
+    device = rank_device(cfg.actor.device, rank)
+    try:
+        from a3po.models import load_policy
+
+        model, _ = load_policy(cfg.actor.path, seed=cfg.seed)
+        dp = parallel.init(rank, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, port=port)
+        engine = build_engine(cfg, model, device, dp)
+        dp.follow(engine)
+        return 0
+    except Exception as e:  # rank 0 gone, or the same error rank 0 met and reports
+        print(f"a3po: trainer rank {rank} stopped: {' '.join(str(e).splitlines())[:300]}", file=sys.stderr)
+        return 1
+    finally:
+        parallel.close()
+
+
+def _follower_main(cfg: Config, rank: int, world: int, port: int, threads: int) -> None:
+    child.take_signals()
+    child.name_process(f"a3po-rank-{rank}")
+    child.exit_when_orphaned()
+    sys.exit(follow(cfg, rank, world, port, threads))
+
+
+def start_followers(cfg: Config, world: int, port: int, threads: int) -> list:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_follower_main, args=(cfg, r, world, port, threads), name=f"a3po-rank-{r}",
+                         daemon=True) for r in range(1, world)]
+    with signals.blocked_in_children():
+        for p in procs:
+            p.start()
+    return procs
+
+
+def end_followers(procs: list, dp: parallel.DataParallel | None, finished: bool) -> None:
+    """After a finished run, tell them to stop and wait; otherwise (an error, a signal) they may be inside
+    a collective rank 0 left, so they are ended outright. Either way none outlives `JOIN_S`."""
+    if finished and dp is not None:
+        dp.stop()
+    for p in procs:
+        if not finished:
+            p.terminate()
+        p.join(JOIN_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
