@@ -63,6 +63,7 @@ def _csv(kind):
 def _add_bench_parsers(sub) -> None:
     from a3po.bench.args import (
         ARM_NAMES,
+        E2E_DEFAULT_ARMS,
         METHODS,
         ROLLOUT_DTYPES,
         ROLLOUT_ENGINES,
@@ -118,7 +119,8 @@ def _add_bench_parsers(sub) -> None:
                            description="Run each arm as a full `a3po train` with the same seeds, steps and data "
                                        "order; write results.md, results.json and plots/.")
     _add_train_bench_args(e2e, "e2e")
-    e2e.add_argument("--arms", type=_csv(str), default=list(ARM_NAMES), help=f"subset of {','.join(ARM_NAMES)}")
+    e2e.add_argument("--arms", type=_csv(str), default=list(E2E_DEFAULT_ARMS),
+                     help=f"subset of {','.join(ARM_NAMES)} (default: all but ranks2)")
 
     s = StalenessArgs()
     stale = kinds.add_parser("staleness", help="a staleness study: every arm at every eta and minibatch count",

@@ -34,6 +34,8 @@ ARMS = {a.name: a for a in (
     Arm("linear", "async, linear interpolation in probability", ("actor.prox_logp_method=linear",)),
     Arm("reuse", "async, p = sg(theta), one minibatch", ("actor.prox_logp_method=reuse", "actor.ppo_n_minibatches=1")),
     Arm("metrics", "async recompute, logging every approximation's error", ("actor.prox_logp_method=metrics",)),
+    Arm("ranks2", "A-3PO with 2 data-parallel trainer ranks (FSDP2)",
+        ("actor.prox_logp_method=loglinear", "cluster.n_trainer_ranks=2")),
 )}
 assert tuple(ARMS) == ARM_NAMES
 

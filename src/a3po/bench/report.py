@@ -14,6 +14,8 @@ COLUMNS = (
     ("prox_s_per_step", "prox logp (s/step)", "{:.2f}"),
     ("train_s_per_step", "train (s/step)", "{:.2f}"),
     ("rollout_wait_s_per_step", "rollout wait (s/step)", "{:.2f}"),
+    ("weight_sync_s_per_step", "weight sync (s/step)", "{:.2f}"),
+    ("ranks_sync_s_per_step", "rank sync (s/step)", "{:.2f}"),
     ("reward_final", "final reward", "{:.3f}"),
     ("eval_initial", "held-out acc, start", "{:.3f}"),
     ("eval_final", "held-out acc, end", "{:.3f}"),

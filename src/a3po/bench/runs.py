@@ -157,6 +157,8 @@ def summarize_run(rows: list[dict], cfg: Config | None = None) -> dict:
         "prox_s_per_step": mean(col("perf/prox_logp_s")),
         "train_s_per_step": mean(col("perf/train_s")),
         "rollout_wait_s_per_step": mean(col("perf/rollout_wait_s")),
+        "weight_sync_s_per_step": mean(col("perf/weight_sync_s")),
+        "ranks_sync_s_per_step": mean(col("perf/ranks_sync_s")),  # nan with one trainer rank
         "reward_final": mean(r["rollout/reward_mean"] for r in tail),
         "reward_mean": mean(col("rollout/reward_mean")),
         "eval_initial": evals[0]["eval/accuracy"] if evals else math.nan,

@@ -214,12 +214,14 @@ class TrainEngine:
         self.version += 1
         self.model.eval()
         if self.dp is not None:
+            t0 = time.perf_counter()
             full = self.dp.full_state_dict(self.policy)
             gathered = self.dp.gather(pieces)
             if not self.dp.leader:
                 return {}
             self.full_model.load_state_dict({k.removeprefix("model."): t for k, t in full.items()})
             pieces = [p for rank in gathered for p in rank]
+            stats["perf/ranks_sync_s"] = time.perf_counter() - t0  # the whole model to rank 0, and the statistics
         stats.update(self._stats(pieces, v))
         stats["train/grad_norm"] = max(grad_norms)
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
