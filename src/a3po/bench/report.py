@@ -48,7 +48,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
     for arm, rs in _by_arm(runs).items():
         row = {"arm": arm, "seeds": sorted(r["seed"] for r in rs)}
         for key, _, _ in COLUMNS:
-            row[key] = mean_spread([r[key] for r in rs])
+            row[key] = mean_spread([r.get(key) for r in rs])  # results of an older a3po may lack a column
         rows.append(row)
     wall = {row["arm"]: row["train_wall_s"]["mean"] for row in rows}
     for row in rows:
