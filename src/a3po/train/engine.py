@@ -131,14 +131,17 @@ class TrainEngine:
             model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
         batch = batch.to(self.device)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
-        groups = micro_batches(batch.select(rows) if rows is not None else batch, self.cfg.mb_spec.max_tokens_per_mb)
-        if rows is not None:
-            groups = [[rows[i] for i in g] for g in groups]
-        for g in self._padded(groups, policy):
+        for g in self._padded(self._micro_groups(batch, list(range(len(batch))) if rows is None else rows), policy):
             logp, _ = self._logp(policy, batch.select(g or [0]), with_entropy=False)
             if g:
                 out[g, : logp.shape[1]] = logp.float()
         return out
+
+    def _micro_groups(self, batch: TrainBatch, rows: list[int]) -> list[list[int]]:
+        """`rows` of `batch` in micro-batches (`micro_batches`), as row numbers of `batch`; none for no rows."""
+        if not rows:
+            return []
+        return [[rows[i] for i in g] for g in micro_batches(batch.select(rows), self.cfg.mb_spec.max_tokens_per_mb)]
 
     def _padded(self, groups: list[list[int]], policy) -> list[list[int]]:
         """`groups` plus empty ones up to the most any rank has: under FSDP2 every forward of the
@@ -174,7 +177,8 @@ class TrainEngine:
         batch = batch.to(self.device)
         self.model.train()
         stats: dict[str, float] = {}
-        parts = [self.dp.share(rows) if self.dp else rows for rows in minibatches(len(batch), cfg.ppo_n_minibatches)]
+        minis = minibatches(len(batch), cfg.ppo_n_minibatches)
+        parts = [self.dp.share(rows) if self.dp else rows for rows in minis]  # the rows this rank trains on
 
         # 1. Proximal log-probs that cost a forward pass of version v (of this rank's rows).
         logp_recomputed, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
@@ -189,13 +193,11 @@ class TrainEngine:
         pieces: list[dict[str, Tensor]] = []
         grad_norms = []
         opt_s = 0.0
-        for k, rows in enumerate(minibatches(len(batch), cfg.ppo_n_minibatches)):
+        for k, (rows, own) in enumerate(zip(minis, parts)):
             mini = batch.select(rows)
             n_tokens = mini.n_tokens
             n_seqs = int((mini.loss_mask.sum(-1) > 0).sum())
-            own = parts[k]
-            groups = [[own[i] for i in g] for g in micro_batches(batch.select(own), cfg.mb_spec.max_tokens_per_mb)]
-            groups = self._padded(groups, self.policy)
+            groups = self._padded(self._micro_groups(batch, own), self.policy)
             for j, g in enumerate(groups):
                 mb = batch.select(g or rows[:1])
                 rec = logp_recomputed[g or rows[:1], : mb.input_ids.shape[1]] if logp_recomputed is not None else None

@@ -57,7 +57,8 @@ class DataParallel:
         """The policy (train/logprobs.PolicyLogp) as this rank holds it: replicated (ddp), or each decoder
         layer and the rest (embedding, final norm, head) sharded in units of their own (fsdp2)."""
         if self.mode == "ddp":
-            return torch.nn.parallel.DistributedDataParallel(policy, broadcast_buffers=False)
+            on_gpu = [self.device] if self.device.type == "cuda" else None
+            return torch.nn.parallel.DistributedDataParallel(policy, device_ids=on_gpu, broadcast_buffers=False)
         from torch.distributed.fsdp import fully_shard
 
         for layer in _decoder_layers(policy.model):
