@@ -6,7 +6,8 @@ batch, in the weights and in every AdamW moment; the statistics rank 0 reports c
 tokens; a checkpoint saved by 2 ranks resumes on 2 ranks and continues as one process continues.
 And `a3po train cluster.n_trainer_ranks=2` (ranks spawned by a3po itself) trains the tiny preset end
 to end with rollout, reaching eta, resumes, and leaves no process behind; when rank 0 is killed with
-SIGKILL, the other rank and the rollout worker end by themselves.
+SIGKILL, the other rank and the rollout worker end by themselves; when another rank is killed, rank 0
+stops the run with one line (exit 1) and keeps its checkpoints.
 """
 
 import copy
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from dp_run import OVERRIDES, fixed_batch
-from procs import ORPHAN_EXIT_S, Run, gone_within, steps_logged
+from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, gone_within, steps_logged
 from safetensors.torch import load_file
 
 from a3po.config import load_config
@@ -135,3 +136,20 @@ def test_a3po_train_under_torchrun(tmp_path):
     assert "2 ranks, ddp" in res.stderr  # torchrun's WORLD_SIZE, not cluster.n_trainer_ranks (1 here)
     rows = (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [0, 1, 2, 3]
+
+
+def test_a_killed_rank_stops_the_run_in_one_line(tmp_path):
+    run = Run([*TWO_RANKS, "total_train_steps=10000", "evaluator.freq_steps=0", "saver.freq_steps=2"], tmp_path)
+    try:
+        latest = tmp_path / "runs" / "tiny" / "checkpoints" / "latest"
+        run.wait_for(latest.exists, "the first checkpoint")
+        follower = [p for p in run.others() if Path(f"/proc/{p}/comm").read_text().strip() == "a3po-rank-1"]
+        assert len(follower) == 1
+        os.kill(follower[0], signal.SIGKILL)
+        assert run.finish() == 1
+        line = assert_one_clean_line(run.err, "a3po: training stopped at step")
+        assert "a trainer rank stopped answering" in line and line.endswith("a3po train --resume runs/tiny")
+        assert gone_within(run.others(), ORPHAN_EXIT_S) is not None
+        assert latest.exists()  # what was saved is kept
+    finally:
+        run.kill_all()

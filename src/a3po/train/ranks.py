@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import sys
 
 import torch
@@ -63,6 +64,20 @@ def follow(cfg: Config, rank: int, world: int, port: int | None, threads: int) -
         return 1
     finally:
         parallel.close()
+
+
+def lost_rank(error: BaseException) -> str | None:
+    """What to tell the user when `error` is a collective that failed because another rank is gone (killed,
+    out of memory, its machine down), or None for any other error: that one is not about the ranks."""
+    import torch.distributed as dist
+
+    text = " ".join(str(error).split())
+    if isinstance(error, dist.DistBackendError) or (
+            isinstance(error, RuntimeError) and any(w in text for w in ("gloo", "NCCL", "Connection closed",
+                                                                        "Connection reset"))):
+        cause = re.sub(r"^\[[^\]]*\] ", "", text).split(". ")[0]  # gloo prefixes its source file and line
+        return f"a trainer rank stopped answering ({cause[:160]})"
+    return None
 
 
 def _follower_main(cfg: Config, rank: int, world: int, port: int, threads: int) -> None:

@@ -107,6 +107,11 @@ def train(cfg: Config, resume: str | None = None) -> int:
         if isinstance(e, TRAINING_ERRORS):
             say(f"a3po: training stopped at step {progress.step}: {e}")
             return 1
+        lost = ranks.lost_rank(e)
+        if lost is not None:
+            resume = f"; continue with: a3po train --resume {progress.run_dir}" if progress.run_dir else ""
+            say(f"a3po: training stopped at step {progress.step}: {lost}{resume}")
+            return 1
         raise  # a bug: its traceback
 
 
