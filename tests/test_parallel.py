@@ -104,11 +104,13 @@ TWO_RANKS = ["--preset", "tiny", "logging.tensorboard=false", "cluster.n_trainer
 def test_a3po_train_on_two_ranks_trains_resumes_and_leaves_no_process(tmp_path):
     first = Run([*TWO_RANKS, "total_train_steps=4", "saver.freq_steps=2"], tmp_path)
     assert first.finish(timeout=600) == 0, first.err[-3000:]
-    assert "2 ranks, fsdp2" in first.err and not first.others()
+    assert "2 ranks, fsdp2" in first.err
+    # gone with the run (multiprocessing's resource tracker may take a moment longer than the trainer)
+    assert gone_within(first.others(), 2.0) is not None, "a trainer rank or worker outlived the run"
     run_dir = tmp_path / "runs" / "tiny"
     again = Run(["--resume", str(run_dir), "total_train_steps=6"], tmp_path)
     assert again.finish(timeout=600) == 0, again.err[-3000:]
-    assert not again.others(), "a trainer rank or worker outlived the run"
+    assert gone_within(again.others(), 2.0) is not None, "a trainer rank or worker outlived the run"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(7))
     assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2  # eta reached with 2 trainer ranks too
