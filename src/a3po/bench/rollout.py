@@ -43,7 +43,6 @@ token counts agree); what is measured is what each mode costs a rollout-bound wo
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import random
 import statistics
@@ -62,7 +61,7 @@ from a3po.config import ConfigError, load_config
 from a3po.data import Example
 from a3po.devices import native_bf16, resolve_dtype
 from a3po.models import ModelSourceError, load_policy
-from a3po.rollout import Completion, GenerationRequest, generate
+from a3po.rollout import Completion, GenerationRequest, generate, vllm_engine
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
 from a3po.rollout.worker import DTYPES
@@ -140,10 +139,8 @@ def vllm_sample(engine, prompts: list[list[int]], max_new_tokens: int, seed: int
 
 def start_vllm(model, tokenizer, dtype: str, batch: int, threads: int, stack: ExitStack):
     """A VLLMEngine on `model`'s weights and the seconds its start took; closed when `stack` closes."""
-    from a3po.rollout.vllm_engine import VLLMEngine
-
     t0 = time.perf_counter()
-    engine = VLLMEngine.from_model(model, tokenizer, dtype=dtype, max_batch=batch, seed=0, eos_token_ids=())
+    engine = vllm_engine.VLLMEngine.from_model(model, tokenizer, dtype=dtype, max_batch=batch, seed=0, eos_token_ids=())
     stack.callback(engine.close)
     torch.set_num_threads(threads)  # the arms share one thread budget, whatever vLLM's start chose
     return engine, time.perf_counter() - t0
@@ -239,7 +236,7 @@ def load_model(name: str):
 def run(args: RolloutBenchArgs) -> dict:
     torch.set_num_threads(args.threads)
     trainer_dtype = resolve_dtype(args.trainer_dtype, CPU)
-    if "vllm" in args.engines and importlib.util.find_spec("vllm") is None:
+    if "vllm" in args.engines and not vllm_engine.installed():
         raise ConfigError("--engines vllm: vLLM is not installed in this environment; run the benchmark with "
                           ".venv-vllm/bin/a3po (make install-vllm, README) or leave vllm out of --engines")
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]

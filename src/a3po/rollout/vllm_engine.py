@@ -8,9 +8,9 @@ the local engine. What the trainer needs of it, and how vLLM gives it:
   `logprobs_mode="processed_logprobs"` (temperature applied) and every request asks for
   the sampled token's log-prob;
 - per-token versions across in-flight weight updates: an update pauses the scheduler
-  keeping its requests, drops the KV cache (requests in flight are recomputed on the new
-  weights, like `rollout.weight_update=reprefill`), reloads, sets the version and resumes;
-  vLLM reports which version produced which span of each output;
+  keeping its requests, reloads, sets the version and resumes, dropping the KV cache first
+  under `rollout.weight_update=reprefill` (requests in flight are recomputed on the new
+  weights); vLLM reports which version produced which span of each output;
 - weights from the trainer: one safetensors file in a RAM-backed folder, read by vLLM's
   own reload (a plain `load_weights` breaks on the CPU build, whose linear weights are
   repacked at load). The trainer's state dict names the tied LM head too, so SmolLM2's
@@ -19,11 +19,12 @@ the local engine. What the trainer needs of it, and how vLLM gives it:
   model-dtype head weight (the local engine keeps an fp32 copy of the weight instead).
 
 vLLM is optional (the `vllm` extra, README); without it, asking for this backend is a
-one-line error.
+one-line error (`installed`, checked before any worker starts).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -44,17 +45,16 @@ MISSING = ("rollout.backend=vllm needs vLLM, which is not installed here; instal
            "(README, 'vLLM rollouts') or use rollout.backend=local")
 
 
-class VLLMMissingError(RuntimeError):
-    pass
+def installed() -> bool:
+    """Whether vLLM can be imported here, without importing it (that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def import_vllm():
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
-    try:
-        import vllm
-    except ImportError as e:
-        raise VLLMMissingError(MISSING) from e
+    import vllm
+
     return vllm
 
 

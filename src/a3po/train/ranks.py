@@ -47,6 +47,14 @@ def torchrun_rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def world_size(cfg: Config) -> tuple[int, bool]:
+    """(trainer ranks, whether torchrun started them): torchrun's WORLD_SIZE where it is set, else
+    cluster.n_trainer_ranks, which `a3po train` spawns itself."""
+    if "WORLD_SIZE" in os.environ:
+        return torchrun_rank()[1], True
+    return cfg.cluster.n_trainer_ranks, False
+
+
 def follow(cfg: Config, rank: int, world: int, port: int | None, threads: int) -> int:
     """A follower's whole life; its exit code. Errors are rank 0's to report: a follower only ends."""
     torch.set_num_threads(threads)

@@ -14,8 +14,6 @@ stopped, last checkpoint intact). README.md "Exit codes" is the table users read
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -30,8 +28,8 @@ from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
 from a3po.models import ModelSourceError, load_policy
+from a3po.rollout import vllm_engine
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
-from a3po.rollout.vllm_engine import MISSING as VLLM_MISSING
 from a3po.signals import Stopped
 from a3po.sync import SharedWeights
 from a3po.train import parallel, ranks
@@ -132,21 +130,21 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     device = ranks.rank_device(cfg.actor.device, 0)
     resolve_device(cfg.rollout.device, "rollout.device")  # checked here: a worker's error would come later
-    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(VLLM_MISSING)
+    if cfg.rollout.backend == "vllm" and not vllm_engine.installed():
+        raise ConfigError(vllm_engine.MISSING)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
-    world = ranks.torchrun_rank()[1] if "WORLD_SIZE" in os.environ else cfg.cluster.n_trainer_ranks
+    world, by_torchrun = ranks.world_size(cfg)
     history: list[dict] = []
     finished = False
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
     with contextlib.ExitStack() as cleanup:
         dp = None
         if world > 1:
-            port = None if "WORLD_SIZE" in os.environ else parallel.free_port()
-            followers = ranks.start_followers(cfg, world, port, trainer_threads) if port else []
+            port = None if by_torchrun else parallel.free_port()  # torchrun set MASTER_ADDR and MASTER_PORT
+            followers = [] if by_torchrun else ranks.start_followers(cfg, world, port, trainer_threads)
             cleanup.callback(parallel.close)
             cleanup.callback(lambda: ranks.end_followers(followers, dp, finished))
             dp = parallel.init(0, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, port=port)
