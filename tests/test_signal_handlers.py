@@ -18,6 +18,7 @@ import pytest
 
 from a3po import signals
 from a3po.config import load_config
+from a3po.launch.local import LocalLauncher
 from a3po.rollout.pool import READY_POLL_S, WorkerError, WorkerPool, describe_exit
 from a3po.sync import SharedWeights
 
@@ -102,7 +103,7 @@ def test_how_a_worker_ended_is_said_in_words():
 
 def make_pool() -> WorkerPool:
     cfg = load_config(None, ["actor.path=tiny"])
-    return WorkerPool(cfg, None, SharedWeights({}), version=0, threads=1)
+    return WorkerPool(cfg, None, SharedWeights({}), version=0, threads=1, launcher=LocalLauncher())
 
 
 def test_a_worker_that_dies_while_starting_is_reported_at_once():

@@ -201,7 +201,7 @@ class LoggingConfig:
 
 @dataclass
 class ClusterConfig:
-    n_trainer_ranks: int = opt(1, "data-parallel trainer processes on this machine (torch.distributed: gloo on CPU, "
+    n_trainer_ranks: int = opt(1, "data-parallel trainer processes (torch.distributed: gloo on CPU, "
                                   "NCCL on GPU); each trains on its share of every step's batch. Under torchrun "
                                   "the launcher's WORLD_SIZE decides instead", ge=1)
     data_parallel: str = opt("fsdp2", "how the ranks hold the model: fsdp2 (parameters, gradients and optimizer "
@@ -209,6 +209,14 @@ class ClusterConfig:
                              choices=("fsdp2", "ddp"))
     timeout_s: float = opt(600.0, "longest wait of one trainer rank on the others (a collective, the start-up) "
                                   "before the run stops", gt=0)
+    launcher: str = opt("local", "who starts trainer ranks 1..N-1 and the rollout workers: local (processes on "
+                                 "this machine, weights through shared memory) or ray (actors placed on a Ray "
+                                 "cluster's nodes, weights through Ray's object store)", choices=("local", "ray"))
+    ray_address: str | None = opt(None, "address of the Ray cluster with launcher=ray (host:port of its head); "
+                                        "null = RAY_ADDRESS, or a Ray instance started for this run alone")
+    ray_placement: str = opt("PACK", "Ray placement-group strategy for the actors: PACK (few nodes), SPREAD (many "
+                                     "nodes), STRICT_PACK (one node) or STRICT_SPREAD (one actor per node)",
+                             choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
 
 
 @dataclass
@@ -224,7 +232,7 @@ class Config:
     evaluator: EvalConfig = section(EvalConfig, "held-out evaluation")
     saver: SaverConfig = section(SaverConfig, "checkpoints")
     logging: LoggingConfig = section(LoggingConfig, "metrics sinks")
-    cluster: ClusterConfig = section(ClusterConfig, "trainer processes")
+    cluster: ClusterConfig = section(ClusterConfig, "trainer ranks and where processes run")
 
 
 def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
@@ -273,6 +281,10 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("actor.device", a.device, (
             f"cuda or auto with cluster.n_trainer_ranks={cfg.cluster.n_trainer_ranks}: each rank takes a GPU "
             "of its own (cuda:<rank>); CUDA_VISIBLE_DEVICES picks which")))
+    c = cfg.cluster
+    if c.launcher == "local" and c.ray_address is not None:
+        problems.append(("cluster.ray_address", c.ray_address, "null with cluster.launcher=local, "
+                                                               "or set cluster.launcher=ray"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":
         problems.append(("gconfig.n_samples", 1, (
             "at least 2 for group-relative advantages, or set actor.adv_norm.mean_level=batch "

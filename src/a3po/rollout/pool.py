@@ -1,16 +1,17 @@
-"""The trainer's handle on its rollout workers: spawn, send work and weights, collect, replace, shut down.
+"""The trainer's handle on its rollout workers: start, send work and weights, collect, replace, shut down.
 
-Workers are spawned (never forked: a forked child would inherit the trainer's torch
-threads and locks). Shutdown is always attempted in full: Stop to every worker, a join
+Workers are started by the run's launcher (launch/: local processes or Ray actors), which
+hands back a process handle, an inbox and a message reader of the same shape for both.
+Shutdown is always attempted in full: Stop to every worker, a join
 with a deadline, then terminate and kill for any that did not exit, so no process
 outlives the run, including after Ctrl-C or SIGTERM. A trainer that dies without
 shutting down (SIGKILL) is noticed by the workers themselves (worker.py:
 _exit_when_orphaned). Every wait here on another process has a deadline.
 
-Each worker answers through a pipe of its own, read by a thread of its own here: a worker
-killed halfway through a message ends in an end of file on its pipe (reported as `Lost`),
+Each worker answers through a channel of its own, read by a thread of its own here: a worker
+killed halfway through a message ends in an end of file on its channel (reported as `Lost`),
 and at worst leaves its own reader thread waiting, never the controller or another worker's
-messages. Replacing a worker (`restart`) starts a new process with a new inbox and pipe in
+messages. Replacing a worker (`restart`) starts a new process with a new inbox and channel in
 the same place; anything the old one still had buffered is dropped.
 """
 
@@ -23,12 +24,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-import torch.multiprocessing as mp
-
 from a3po import signals
 from a3po.config import Config
-from a3po.rollout.worker import Heartbeat, LoadWeights, Ready, Stop, Work, WorkerFailed, worker_main
-from a3po.sync import SharedWeights
+from a3po.rollout.worker import Heartbeat, LoadWeights, Ready, Stop, Work, WorkerFailed
 
 
 class WorkerError(RuntimeError):
@@ -77,8 +75,9 @@ class _Closed:
 class _Slot:
     """One place in the pool: the process now in it, its channels, and what the trainer knows of it."""
 
-    def __init__(self, proc, inbox, reader, writer, gen: int):
-        self.proc, self.inbox, self.reader, self.writer, self.gen = proc, inbox, reader, writer, gen
+    def __init__(self, channels, gen: int):
+        self.channels, self.gen = channels, gen
+        self.proc, self.inbox, self.reader = channels.proc, channels.inbox, channels.reader
         self.running = 0  # groups in flight
         self.ready = False  # its Ready arrived
         self.lost = False  # dead or killed, not yet replaced
@@ -91,9 +90,9 @@ class WorkerPool:
         pool = WorkerPool(...); stack.callback(pool.close); pool.start(); pool.wait_ready(timeout)
     """
 
-    def __init__(self, cfg: Config, reward_fn, weights: SharedWeights, version: int, threads: int):
-        self._ctx = mp.get_context("spawn")
-        self._cfg, self._reward_fn, self._weights, self._threads = cfg, reward_fn, weights.tensors, threads
+    def __init__(self, cfg: Config, reward_fn, weights, version: int, threads: int, launcher):
+        self._cfg, self._reward_fn, self._weights, self._threads = cfg, reward_fn, weights, threads
+        self._launcher = launcher
         self._messages: queue.Queue = queue.Queue()  # (worker, generation, message) from every reader thread
         self._lock = threading.Lock()  # restart (controller thread) against close (main thread)
         self._closed = False
@@ -101,17 +100,14 @@ class WorkerPool:
         self.slots = [self._new_slot(i, version, gen=0) for i in range(cfg.rollout.n_workers)]
 
     def _new_slot(self, i: int, version: int, gen: int) -> _Slot:
-        reader, writer = self._ctx.Pipe(duplex=False)
-        inbox = self._ctx.Queue()
-        proc = self._ctx.Process(target=worker_main, name=f"a3po-rollout-{i}", daemon=True,
-                                 args=(i, self._cfg, self._reward_fn, self._weights, version, self._threads, inbox,
-                                       writer))
-        return _Slot(proc, inbox, reader, writer, gen)
+        """A worker that starts from the weights published last (`version`)."""
+        args = (self._cfg, self._reward_fn, self._weights.at_start(), version, self._threads)
+        return _Slot(self._launcher.worker(i, args), gen)
 
     def _launch(self, i: int, slot: _Slot) -> None:
-        """Start its process, drop our copy of its pipe's write end (so its death is an end of file), read it."""
+        """Start its process and read its messages."""
         slot.proc.start()
-        slot.writer.close()
+        slot.channels.started()
         slot.heard = time.monotonic()
         threading.Thread(target=self._read, args=(i, slot), name=f"a3po-read-{i}", daemon=True).start()
 
@@ -160,7 +156,7 @@ class WorkerPool:
 
     def load_weights(self, version: int) -> None:
         for s in self.slots:
-            s.inbox.put(LoadWeights(version))
+            s.inbox.put(LoadWeights(version, self._weights.for_load()))
 
     def silent(self, heartbeat_s: float, start_s: float) -> list[tuple[int, str]]:
         """(index, why) of every worker taken for hung: started, not lost, and silent for longer than it may be."""
@@ -208,7 +204,8 @@ class WorkerPool:
             slot.proc.kill()
 
     def restart(self, worker_id: int, version: int) -> None:
-        """Put a fresh process in a lost worker's place; it loads `version` from the shared buffer while starting."""
+        """Put a fresh process in a lost worker's place; it loads `version`, the weights published last, while
+        starting."""
         with self._lock:
             if self._closed:
                 return

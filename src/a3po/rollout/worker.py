@@ -49,6 +49,7 @@ class Work:
 @dataclass
 class LoadWeights:
     version: int
+    weights: object = None  # where to read them (sync/object_store.StoredVersion); None: the shared buffer
 
 
 @dataclass
@@ -199,7 +200,7 @@ class _Worker:
             return False
         if isinstance(msg, LoadWeights):
             t0 = time.perf_counter()
-            self.engine.update_weights(self.shared, msg.version)
+            self.engine.update_weights(self.shared if msg.weights is None else msg.weights.tensors(), msg.version)
             self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0, **self.clock()))
         elif isinstance(msg, Work):
             self.start(msg)
@@ -211,8 +212,15 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
     child.take_signals()
     child.name_process(f"a3po-rollout-{worker_id}")
     child.exit_when_orphaned()  # within ORPHAN_POLL_S, and at once through the parent's pipe
-    keep_freed_memory()
     torch.set_num_threads(threads)
+    if serve(worker_id, cfg, reward_fn, weights, version, inbox, conn):
+        _exit_now()
+
+
+def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, inbox, conn) -> bool:
+    """A worker's life after its process is set up: load, report Ready, then generate and answer until Stop
+    (True) or a failure, reported to the trainer through `conn.send` (False). `inbox` is read like a queue.Queue."""
+    keep_freed_memory()
     w = None
     outbox = Outbox(conn)
     try:
@@ -241,12 +249,12 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
     except Exception as e:  # reported to the trainer, which stops the run with this message
         with contextlib.suppress(OSError):  # the trainer may be gone: the watchdog ends us then
             outbox.put(WorkerFailed(worker_id, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        return
+        return False
     finally:
         if w is not None:
             w.reward.close()  # its reward process reads end of file and exits
             w.engine.close()
-    _exit_now()
+    return True
 
 
 def _exit_now() -> None:

@@ -7,6 +7,11 @@ copies the shared tensors into its own model between two decode steps and acknow
 The trainer writes the next version only after every worker acknowledged the previous
 one, so a worker never reads a half-written buffer; a training step takes far longer
 than a load, so this wait is normally zero.
+
+Every weight transport (this one, sync/object_store.py) offers the same three calls:
+`publish(state)` on the trainer, `at_start()` for what a starting worker is given, and
+`for_load()` for what a LoadWeights message carries (None here: the worker already holds
+the buffer).
 """
 
 from __future__ import annotations
@@ -26,3 +31,9 @@ class SharedWeights:
     def publish(self, state: Mapping[str, Tensor]) -> None:
         for name, value in state.items():
             self.tensors[name].copy_(value)
+
+    def at_start(self) -> dict[str, Tensor]:
+        return self.tensors
+
+    def for_load(self) -> None:
+        return None

@@ -5,7 +5,7 @@
     2. advantages: shaped rewards (less the KL to the reference with actor.kl_in_reward)
        -> group-relative advantages (algorithm core);
     3. PPO update on the batch (train/engine.py): version v -> v + 1;
-    4. weight sync: once every worker holds v, publish v + 1 in shared memory;
+    4. weight sync: once every worker holds v, publish v + 1 (shared memory, or Ray's object store);
     5. statistics for this step.
 
 Rollout does not wait for this loop: the controller thread keeps admitting groups and
@@ -24,7 +24,6 @@ from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.rollout.pool import WorkerPool
-from a3po.sync import SharedWeights
 from a3po.train.controller import Controller
 from a3po.train.engine import TrainEngine
 from a3po.trajectories import TrainBatch, Trajectory, collate
@@ -60,7 +59,7 @@ class StalenessError(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, engine: TrainEngine, pool: WorkerPool, weights: SharedWeights,
+    def __init__(self, cfg: Config, engine: TrainEngine, pool: WorkerPool, weights,
                  data: TaskData, order: DataOrder, pad_id: int, log=print):
         self.cfg, self.engine, self.weights, self.pad_id = cfg, engine, weights, pad_id
         self.controller = Controller(cfg, pool, data, order, engine.version, log=log)

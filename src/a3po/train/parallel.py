@@ -33,9 +33,9 @@ import torch.distributed as dist
 COMMAND_TIMEOUT = timedelta(days=7)  # a follower waits as long as rank 0 lives (see the module docstring)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -137,11 +137,11 @@ class DataParallel:
 
 
 def init(rank: int, world: int, mode: str, timeout_s: float, device: torch.device,
-         port: int | None = None) -> DataParallel:
-    """Join the process group: NCCL where the trainer computes on GPUs, else gloo. Without `port` the
-    address comes from the environment (torchrun's MASTER_ADDR and MASTER_PORT)."""
+         addr: str | None = None, port: int | None = None) -> DataParallel:
+    """Join the process group: NCCL where the trainer computes on GPUs, else gloo, rank 0 listening at
+    addr:port. Without `port` the address comes from the environment (torchrun's MASTER_ADDR and MASTER_PORT)."""
     if port is not None:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr or "127.0.0.1", str(port)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,

@@ -1,15 +1,15 @@
 """Trainer ranks: build the same engine on every rank, start ranks 1..N-1 and end them.
 
-`a3po train cluster.n_trainer_ranks=N` spawns N - 1 follower processes on this machine
-(`start_followers`); under torchrun each rank is already a process, WORLD_SIZE and RANK say
-which, and every rank but 0 becomes a follower in `train()` (`torchrun_rank`). A follower
+`a3po train cluster.n_trainer_ranks=N` has the run's launcher start N - 1 followers
+(`start_followers`): processes on this machine, or Ray actors; under torchrun each rank is
+already a process, WORLD_SIZE and RANK say which, and every rank but 0 becomes a follower
+in `train()` (`torchrun_rank`). A follower
 builds the engine rank 0 builds, from the same configuration, and runs rank 0's commands
 (train/parallel.py) until rank 0 says stop, dies, or ends it.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import re
 import sys
@@ -55,7 +55,7 @@ def world_size(cfg: Config) -> tuple[int, bool]:
     return cfg.cluster.n_trainer_ranks, False
 
 
-def follow(cfg: Config, rank: int, world: int, port: int | None, threads: int) -> int:
+def follow(cfg: Config, rank: int, world: int, addr: str | None, port: int | None, threads: int) -> int:
     """A follower's whole life; its exit code. Errors are rank 0's to report: a follower only ends."""
     torch.set_num_threads(threads)
     device = rank_device(cfg.actor.device, rank)
@@ -63,7 +63,7 @@ def follow(cfg: Config, rank: int, world: int, port: int | None, threads: int) -
         from a3po.models import load_policy
 
         model, _ = load_policy(cfg.actor.path, seed=cfg.seed)
-        dp = parallel.init(rank, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, port=port)
+        dp = parallel.init(rank, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, addr=addr, port=port)
         engine = build_engine(cfg, model, device, dp)
         dp.follow(engine)
         return 0
@@ -88,17 +88,16 @@ def lost_rank(error: BaseException) -> str | None:
     return None
 
 
-def _follower_main(cfg: Config, rank: int, world: int, port: int, threads: int) -> None:
+def follower_main(cfg: Config, rank: int, world: int, addr: str, port: int, threads: int) -> None:
+    """A follower in a process of its own on this machine (launch/local.py)."""
     child.take_signals()
     child.name_process(f"a3po-rank-{rank}")
     child.exit_when_orphaned()
-    sys.exit(follow(cfg, rank, world, port, threads))
+    sys.exit(follow(cfg, rank, world, addr, port, threads))
 
 
-def start_followers(cfg: Config, world: int, port: int, threads: int) -> list:
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_follower_main, args=(cfg, r, world, port, threads), name=f"a3po-rank-{r}",
-                         daemon=True) for r in range(1, world)]
+def start_followers(launcher, cfg: Config, world: int, addr: str, port: int, threads: int) -> list:
+    procs = [launcher.follower(r, (cfg, r, world, addr, port, threads)) for r in range(1, world)]
     with signals.blocked_in_children():
         for p in procs:
             p.start()

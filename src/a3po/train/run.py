@@ -27,11 +27,12 @@ from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
+from a3po.launch import check as check_launcher
+from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout import vllm_engine
 from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
 from a3po.signals import Stopped
-from a3po.sync import SharedWeights
 from a3po.train import parallel, ranks
 from a3po.train.checkpoint import CheckpointError, atomic_write_text, latest_checkpoint, save_checkpoint
 from a3po.train.checkpoint import resume as resume_checkpoint
@@ -91,7 +92,8 @@ def train(cfg: Config, resume: str | None = None) -> int:
     progress = Progress()
     rank, world = ranks.torchrun_rank()
     if rank > 0:  # under torchrun: this process trains beside rank 0 and does nothing else
-        return ranks.follow(cfg, rank, world, None, split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)[1])
+        threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)[1]
+        return ranks.follow(cfg, rank, world, None, None, threads)
     try:
         return _train(cfg, resume, progress)
     except (Exception, KeyboardInterrupt) as e:
@@ -132,6 +134,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     resolve_device(cfg.rollout.device, "rollout.device")  # checked here: a worker's error would come later
     if cfg.rollout.backend == "vllm" and not vllm_engine.installed():
         raise ConfigError(vllm_engine.MISSING)
+    check_launcher(cfg)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
@@ -142,12 +145,17 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
     with contextlib.ExitStack() as cleanup:
         dp = None
+        spawned = 0 if by_torchrun else world - 1  # ranks the launcher starts
+        launcher = make_launcher(cfg, spawned, per_worker, trainer_threads)
+        cleanup.callback(launcher.close)
         if world > 1:
-            port = None if by_torchrun else parallel.free_port()  # torchrun set MASTER_ADDR and MASTER_PORT
-            followers = [] if by_torchrun else ranks.start_followers(cfg, world, port, trainer_threads)
+            addr = None if by_torchrun else launcher.host()  # torchrun set MASTER_ADDR and MASTER_PORT
+            port = None if by_torchrun else parallel.free_port(addr)
+            followers = ranks.start_followers(launcher, cfg, world, addr, port, trainer_threads) if spawned else []
             cleanup.callback(parallel.close)
             cleanup.callback(lambda: ranks.end_followers(followers, dp, finished))
-            dp = parallel.init(0, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, port=port)
+            dp = parallel.init(0, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, addr=addr,
+                               port=port)
         engine = ranks.build_engine(cfg, model, device, dp)
         signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
 
@@ -160,10 +168,11 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
             f"model {cfg.actor.path} ({engine.dtype} on {device}"
             f"{f', {world} ranks, {cfg.cluster.data_parallel}' if world > 1 else ''}); "
-            f"{cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}")
+            f"{cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}"
+            f"{f'; Ray actors on {launcher.where}' if launcher.name == 'ray' else ''}")
         step = start_step
-        weights = SharedWeights(engine.weights())
-        pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker)
+        weights = launcher.weights(engine.weights())
+        pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker, launcher)
         cleanup.callback(pool.close)
         progress.workers = True
         pool.start()

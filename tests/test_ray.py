@@ -1,0 +1,178 @@
+"""`a3po train cluster.launcher=ray` on a real Ray cluster on 127.0.0.1, started here and stopped after.
+
+Proves: the tiny preset trains end to end with 2 rollout workers as Ray actors and 2 trainer
+ranks (one of them an actor), every token within the staleness bound (the trainer checks it
+per token and stops otherwise) and the bound reached, and resumes; a worker actor killed
+with SIGKILL is replaced like a killed worker process, no step lost; a trainer killed with
+SIGKILL takes its actors with it; nothing of a run outlives it; a cluster that does not
+answer, or is too small, is one line; and without cluster.launcher=ray nothing imports Ray.
+
+The cluster is the README's recipe: `ray start --head --port P --num-cpus 4` (Ray counts
+logical CPUs; the run reserves 3: one trainer rank and two workers of one thread each).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from procs import TINY, Run, assert_one_clean_line, gone_within, lines_with, proc_stat, session_members, steps_logged
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}  # loopback only, no token file
+ACTORS = ("ray::RolloutWorker", "ray::TrainerRank")
+ACTOR_EXIT_S = 30.0  # Ray notices a dead driver or a killed actor's owner within seconds
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A one-node Ray cluster on 127.0.0.1; its address. Every process of it is killed afterwards."""
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
+    port = free_port()
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port",
+                             str(port), "--num-cpus", "4", "--node-ip-address", "127.0.0.1",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 120
+        for line in head.stdout:  # --block: the head prints this once it is up, then stays in the foreground
+            seen.append(line)
+            if "Ray runtime started" in line:
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        else:
+            pytest.fail("ray start --head ended:\n" + "".join(seen))
+        yield f"127.0.0.1:{port}"
+    finally:
+        for pid in session_members(head.pid):  # Ray's workers leave the head's process group, not its session
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        head.wait(timeout=30)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def actor_pids(kind: str = "") -> list[int]:
+    """Live a3po actor processes (their title is ray::<class>.<method>)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if any(cmd.startswith(a) for a in ACTORS if kind in a) and (s := proc_stat(int(d.name))) and s[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def on_ray(address: str, *args: str) -> list[str]:
+    return [*TINY, "cluster.launcher=ray", f"cluster.ray_address={address}", "rollout.n_workers=2",
+            "cluster.n_trainer_ranks=2", *args]
+
+
+def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path):
+    first = Run(on_ray(ray_head, "total_train_steps=4", "saver.freq_steps=2"), tmp_path)
+    assert first.finish(timeout=600) == 0, first.err[-3000:]
+    assert "Traceback" not in first.err, first.err[-3000:]
+    assert "2 ranks, fsdp2" in first.err and f"Ray actors on the Ray cluster at {ray_head}" in first.err
+    assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the run"
+    run_dir = tmp_path / "runs" / "tiny"
+    again = Run(["--resume", str(run_dir), "total_train_steps=8"], tmp_path)  # the saved config says ray
+    assert again.finish(timeout=600) == 0, again.err[-3000:]
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(9))
+    assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2  # eta reached, never passed
+    assert all(r["train/n_tokens"] > 0 for r in rows if r["step"] > 0)
+    assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the resumed run"
+
+
+def test_a_killed_worker_actor_is_replaced_and_no_step_is_lost(ray_head, tmp_path):
+    steps = 40
+    run = Run(on_ray(ray_head, f"total_train_steps={steps}", "evaluator.freq_steps=0", "saver.freq_steps=0",
+                     "cluster.n_trainer_ranks=1"), tmp_path)
+    try:
+        run_dir = tmp_path / "runs" / "tiny"
+        run.wait_for(lambda: steps_logged(run_dir) >= 3, "three steps", timeout=300)
+        workers = actor_pids("RolloutWorker")
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        assert run.finish(timeout=600) == 0, run.err[-3000:]
+        assert "Traceback" not in run.err, run.err[-3000:]
+        (line,) = lines_with(run.err, "replaced (restart 1 of")
+        assert line.startswith("a3po: rollout worker a3po-rollout-") and "died (killed by SIGKILL" in line, line
+        rows = [r for r in metrics(run_dir) if r["step"] > 0]
+        assert [r["step"] for r in rows] == list(range(1, steps + 1)), "a step lost or done twice"
+        assert rows[-1]["rollout/worker_restarts"] == 1
+        assert max(r["stale/max"] for r in rows) <= 2
+    finally:
+        run.kill_all()
+    assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the run"
+
+
+def test_the_actors_end_with_a_killed_trainer(ray_head, tmp_path):
+    run = Run(on_ray(ray_head, "total_train_steps=10000", "evaluator.freq_steps=0"), tmp_path)
+    try:
+        run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 2, "two steps", timeout=300)
+        assert len(actor_pids()) == 3  # the second trainer rank and two rollout workers
+        os.kill(run.proc.pid, signal.SIGKILL)
+        assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived its trainer"
+    finally:
+        run.kill_all()
+
+
+def test_a_cluster_that_does_not_answer_is_one_line(tmp_path):
+    t0 = time.monotonic()
+    run = Run([*TINY, "cluster.launcher=ray", f"cluster.ray_address=127.0.0.1:{free_port()}"], tmp_path)
+    assert run.finish(timeout=120) == 2
+    line = assert_one_clean_line(run.err, "a3po: error: cluster.launcher=ray: nothing answers at 127.0.0.1:")
+    assert "ray start --head" in line
+    assert time.monotonic() - t0 < 60  # not Ray's own minutes of retries
+
+
+def test_a_cluster_too_small_is_one_line(ray_head, tmp_path):
+    run = Run(on_ray(ray_head, "rollout.n_workers=4"), tmp_path)  # 1 + 4 CPUs on a 4-CPU cluster
+    assert run.finish(timeout=300) == 2
+    line = assert_one_clean_line(run.err, "a3po: error: cluster.launcher=ray: the Ray cluster at")
+    assert "too small: the actors need 5 CPU (it has 4)" in line
+
+
+def test_without_ray_installed_the_ray_launcher_is_one_line_and_local_runs_never_import_ray(tmp_path):
+    hidden = tmp_path / "no_ray"  # every process of the run (the spawned ones too) starts without Ray
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])}
+    train = [sys.executable, "-m", "a3po.cli", "train", *TINY]
+    res = subprocess.run([*train, "cluster.launcher=ray"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    line = assert_one_clean_line(res.stderr, "a3po: error: cluster.launcher=ray needs Ray")
+    assert "pip install 'a3po[ray]'" in line
+    res = subprocess.run([*train, "total_train_steps=2", "rollout.n_workers=2", "cluster.n_trainer_ranks=2"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
