@@ -96,6 +96,42 @@ def on_ray(address: str, *args: str) -> list[str]:
             "cluster.n_trainer_ranks=2", *args]
 
 
+SRUN = """#!/bin/sh
+# srun on a one-node "allocation": drop the step options, run the command here
+while [ $# -gt 0 ]; do case "$1" in -w) shift 2;; -*) shift;; *) break;; esac; done
+exec "$@"
+"""
+
+
+def test_the_slurm_recipe_starts_ray_and_trains(tmp_path):
+    """recipes/slurm-ray.sbatch as sbatch would run it, on a one-node allocation of this machine (srun and
+    scontrol stand-ins that run the step here): Ray's head comes up, the run trains on it, and the script
+    returns a3po's exit code. Runs before the module's cluster starts."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho localhost\n")
+    for stub in ("srun", "scontrol"):
+        (bin_dir / stub).chmod(0o755)
+    env = {**os.environ, **RAY_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "A3PO_VENV": sys.prefix,
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_CPUS_PER_TASK": "4", "RAY_HEAD_IP": "127.0.0.1",
+           "RAY_PORT": str(free_port())}
+    script = Path(__file__).parents[1] / "recipes" / "slurm-ray.sbatch"
+    with open(tmp_path / "stderr.txt", "w") as err:  # a file: Ray's head, left running, holds it open
+        job = subprocess.Popen(["bash", str(script), *TINY, "total_train_steps=3", "rollout.n_workers=2",
+                                "cluster.n_trainer_ranks=2"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                               stderr=err, start_new_session=True)
+    try:
+        job.wait(timeout=600)
+    finally:  # what Slurm does when the job ends: every step's processes go
+        for pid in session_members(job.pid):
+            os.kill(pid, signal.SIGKILL)
+    err = (tmp_path / "stderr.txt").read_text()
+    assert job.returncode == 0, err[-3000:]
+    assert "Ray actors on the Ray cluster at 127.0.0.1:" in err
+    assert [r["step"] for r in metrics(tmp_path / "runs" / "tiny")] == [0, 1, 2, 3]
+
+
 def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path):
     first = Run(on_ray(ray_head, "total_train_steps=4", "saver.freq_steps=2"), tmp_path)
     assert first.finish(timeout=600) == 0, first.err[-3000:]

@@ -4,6 +4,7 @@
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
     a3po bench rollout [options]                   rollout tokens/s per engine and dtype, log-prob gap
+    a3po bench sync [options]                      weight publication per transport (shared memory, Ray)
     a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
     a3po bench staleness [--etas 0,2,4,8] [--minibatches 1,4] [--arms ...] [--seeds N] [key=value ...]
                                                    every arm's training against the staleness bound eta
@@ -71,10 +72,11 @@ def _add_bench_parsers(sub) -> None:
         RolloutBenchArgs,
         StalenessArgs,
         StepBenchArgs,
+        SyncBenchArgs,
     )
 
     bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side "
-                                         "(step, rollout, e2e, staleness)",
+                                         "(step, rollout, sync, e2e, staleness)",
                            description="Benchmarks whose ratios are measured side by side in one run.")
     kinds = bench.add_subparsers(dest="bench", metavar="KIND")
     d = StepBenchArgs()
@@ -114,6 +116,14 @@ def _add_bench_parsers(sub) -> None:
                               "(0: none)")
     rollout.add_argument("--threads", type=int, default=r.threads, help="torch threads (one rollout worker's share)")
     rollout.add_argument("--out", default=r.out, help="output folder (suffixed -2, -3, ... if taken)")
+
+    y = SyncBenchArgs()
+    sync = kinds.add_parser("sync", help="weight publication per version: shared memory against Ray's object store",
+                            description="Publish the model's weights through each transport the launchers use and "
+                                        "read them into a worker's copy, alternating transports (needs Ray).")
+    sync.add_argument("--model", default=y.model, help="actor.path (tiny for a quick run)")
+    sync.add_argument("--repeats", type=int, default=y.repeats)
+    sync.add_argument("--out", default=y.out, help="output folder (suffixed -2, -3, ... if taken)")
 
     e2e = kinds.add_parser("e2e", help="the paper's table: every arm a real training run",
                            description="Run each arm as a full `a3po train` with the same seeds, steps and data "
@@ -166,6 +176,12 @@ def _bench(args, argv: list[str]) -> int:
         from a3po.bench import rollout
 
         return rollout.main(_from_args(rollout.RolloutBenchArgs, args))
+    if args.bench == "sync":
+        from a3po.bench import sync
+        from a3po.launch import check_ray
+
+        check_ray("a3po bench sync")
+        return sync.main(_from_args(sync.SyncBenchArgs, args))
     if args.bench == "e2e":
         from a3po.bench import e2e
 
@@ -174,7 +190,7 @@ def _bench(args, argv: list[str]) -> int:
         from a3po.bench import staleness
 
         return staleness.main(_from_args(staleness.StalenessArgs, args), argv)
-    raise ConfigError("a3po bench: choose step, rollout, e2e or staleness (a3po bench --help)")
+    raise ConfigError("a3po bench: choose step, rollout, sync, e2e or staleness (a3po bench --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:

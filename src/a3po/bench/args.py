@@ -82,6 +82,20 @@ class RolloutBenchArgs:
 
 
 @dataclass
+class SyncBenchArgs:
+    model: str = "smollm2-135m-instruct"
+    repeats: int = 5
+    out: str = "runs/bench-sync"
+
+    def checked(self) -> SyncBenchArgs:
+        from a3po.config import ConfigError
+
+        if self.repeats < 1:
+            raise ConfigError("--repeats must be at least 1")
+        return self
+
+
+@dataclass
 class TrainBenchArgs:
     """What every benchmark made of `a3po train` runs takes (bench/runs.py)."""
 

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 from a3po.config import Config, ConfigError
 
-RAY_MISSING = ("cluster.launcher=ray needs Ray, which is not installed here: pip install 'a3po[ray]' "
-               "(on every node of the cluster), or use cluster.launcher=local")
+
+def check_ray(what: str) -> None:
+    """One line, not an ImportError, where Ray is needed and missing."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{what} needs Ray, which is not installed here: pip install 'a3po[ray]' "
+                          "(on every node of the cluster), or use cluster.launcher=local") from None
 
 
 def check(cfg: Config) -> None:
     """Fail before any process starts when the launcher cannot be used at all."""
     if cfg.cluster.launcher == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise ConfigError(RAY_MISSING) from None
+        check_ray("cluster.launcher=ray")
 
 
 def make_launcher(cfg: Config, followers: int, per_worker: int, trainer_threads: int):
