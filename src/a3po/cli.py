@@ -130,7 +130,7 @@ def _add_bench_parsers(sub) -> None:
                                        "order; write results.md, results.json and plots/.")
     _add_train_bench_args(e2e, "e2e")
     e2e.add_argument("--arms", type=_csv(str), default=list(E2E_DEFAULT_ARMS),
-                     help=f"subset of {','.join(ARM_NAMES)} (default: all but ranks2)")
+                     help=f"subset of {','.join(ARM_NAMES)} (default: all but ranks2 and ray)")
 
     s = StalenessArgs()
     stale = kinds.add_parser("staleness", help="a staleness study: every arm at every eta and minibatch count",

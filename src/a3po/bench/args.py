@@ -10,8 +10,8 @@ from a3po.algo.variants import PROX_METHODS
 METHODS = tuple(m for m in PROX_METHODS if m != "metrics")
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
 ROLLOUT_ENGINES = ("local", "generate", "vllm")  # bench rollout's engines; vllm only where vLLM is installed
-ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2")  # bench e2e's, in e2e.py
-E2E_DEFAULT_ARMS = ARM_NAMES[:-1]  # ranks2 measures the data-parallel trainer: asked for by name
+ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2", "ray")  # bench e2e's (e2e.py)
+E2E_DEFAULT_ARMS = ARM_NAMES[:-2]  # ranks2 and ray measure the launchers, not the method: asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
 
 

@@ -36,6 +36,8 @@ ARMS = {a.name: a for a in (
     Arm("metrics", "async recompute, logging every approximation's error", ("actor.prox_logp_method=metrics",)),
     Arm("ranks2", "A-3PO with 2 data-parallel trainer ranks (FSDP2)",
         ("actor.prox_logp_method=loglinear", "cluster.n_trainer_ranks=2")),
+    Arm("ray", "A-3PO with the rollout worker a Ray actor, weights through Ray's object store",
+        ("actor.prox_logp_method=loglinear", "cluster.launcher=ray")),
 )}
 assert tuple(ARMS) == ARM_NAMES
 

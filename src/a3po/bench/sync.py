@@ -82,7 +82,7 @@ def run(args: SyncBenchArgs) -> dict:
     reader = mp.get_context("spawn").Process(target=_shm_reader, args=(shm.at_start(), child), daemon=True)
     reader.start()
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     ray_start_s = time.perf_counter() - t0
     samples = {t: {"publish": [], "read": []} for t in ("shm", "object store")}
     try:

@@ -212,8 +212,9 @@ class ClusterConfig:
     launcher: str = opt("local", "who starts trainer ranks 1..N-1 and the rollout workers: local (processes on "
                                  "this machine, weights through shared memory) or ray (actors placed on a Ray "
                                  "cluster's nodes, weights through Ray's object store)", choices=("local", "ray"))
-    ray_address: str | None = opt(None, "address of the Ray cluster with launcher=ray (host:port of its head); "
-                                        "null = RAY_ADDRESS, or a Ray instance started for this run alone")
+    ray_address: str | None = opt(None, "address of the Ray cluster with launcher=ray: host:port of its head, or "
+                                        "auto (the cluster already running on this machine); null = RAY_ADDRESS, "
+                                        "or else a Ray instance started for this run alone")
     ray_placement: str = opt("PACK", "Ray placement-group strategy for the actors: PACK (few nodes), SPREAD (many "
                                      "nodes), STRICT_PACK (one node) or STRICT_SPREAD (one actor per node)",
                              choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))

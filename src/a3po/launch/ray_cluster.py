@@ -192,9 +192,9 @@ def _serve(worker_id, cfg, reward_fn, weights, version, threads, inbox, outbox) 
     return serve(worker_id, cfg, reward_fn, weights.tensors(), version, inbox, outbox)
 
 
-def _check_reachable(address: str | None, where: str) -> None:
+def _check_reachable(address: str, where: str) -> None:
     """A head that does not answer is one line within CONNECT_S: ray.init itself retries for minutes."""
-    if not address or "://" in address or address in ("auto", "local") or ":" not in address:
+    if "://" in address or ":" not in address:  # ray://... (Ray Client), auto, local
         return
     host, _, port = address.rpartition(":")
     try:
@@ -209,8 +209,9 @@ class RayLauncher:
 
     def __init__(self, cfg: Config, followers: int, per_worker: int, trainer_threads: int):
         c = cfg.cluster
-        address = c.ray_address or os.environ.get("RAY_ADDRESS") or None
-        where = f"the Ray cluster at {address}" if address else "a Ray instance started for this run"
+        # not Ray's own default: it would join whatever cluster this machine last started, even a dead one
+        address = c.ray_address or os.environ.get("RAY_ADDRESS") or "local"
+        where = "a Ray instance started for this run" if address == "local" else f"the Ray cluster at {address}"
         _check_reachable(address, where)
         try:
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
