@@ -4,8 +4,9 @@ Proves: the tiny preset trains end to end with 2 rollout workers as Ray actors a
 ranks (one of them an actor), every token within the staleness bound (the trainer checks it
 per token and stops otherwise) and the bound reached, and resumes; a worker actor killed
 with SIGKILL is replaced like a killed worker process, no step lost; a trainer killed with
-SIGKILL takes its actors with it; nothing of a run outlives it; a cluster that does not
-answer, or is too small, is one line; and without cluster.launcher=ray nothing imports Ray.
+SIGKILL takes its actors with it; SIGTERM stops a run in one line; nothing of a run outlives
+it; a cluster that does not answer, or is too small, is one line; without
+cluster.launcher=ray nothing imports Ray; and the Slurm recipe runs.
 
 The cluster is the README's recipe: `ray start --head --port P --num-cpus 4` (Ray counts
 logical CPUs; the run reserves 3: one trainer rank and two workers of one thread each).
@@ -178,6 +179,20 @@ def test_the_actors_end_with_a_killed_trainer(ray_head, tmp_path):
         assert len(actor_pids()) == 3  # the second trainer rank and two rollout workers
         os.kill(run.proc.pid, signal.SIGKILL)
         assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived its trainer"
+    finally:
+        run.kill_all()
+
+
+def test_sigterm_stops_a_ray_run_in_one_line_with_its_actors(ray_head, tmp_path):
+    """ray.init replaces the SIGTERM handler with one that exits on the spot; a3po's must be back."""
+    run = Run(on_ray(ray_head, "total_train_steps=10000", "evaluator.freq_steps=0", "saver.freq_steps=2"), tmp_path)
+    try:
+        run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 3, "three steps", timeout=300)
+        os.kill(run.proc.pid, signal.SIGTERM)
+        assert run.finish() == 143, run.err[-3000:]
+        line = assert_one_clean_line(run.err, "a3po: interrupted by SIGTERM at step")
+        assert "rollout workers stopped" in line and "continue with: a3po train --resume runs/tiny" in line
+        assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the stopped run"
     finally:
         run.kill_all()
 

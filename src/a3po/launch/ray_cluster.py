@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from a3po import signals
 from a3po.config import Config, ConfigError
 from a3po.launch.local import WorkerChannels
 from a3po.sync.object_store import ObjectStoreWeights
@@ -213,20 +214,23 @@ class RayLauncher:
         address = c.ray_address or os.environ.get("RAY_ADDRESS") or "local"
         where = "a Ray instance started for this run" if address == "local" else f"the Ray cluster at {address}"
         _check_reachable(address, where)
+        # an instance of its own holds what the run asks for, as the local launcher would start it regardless
+        cpus = max(os.cpu_count() or 1, followers * trainer_threads + cfg.rollout.n_workers * per_worker)
         try:
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
-                     log_to_driver=True, configure_logging=True)
+                     log_to_driver=True, configure_logging=True, **({"num_cpus": cpus} if address == "local" else {}))
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise ConfigError(f"cluster.launcher=ray: cannot reach {where} ({' '.join(str(e).split())[:200]}); "
                               "start one with `ray start --head`, or fix cluster.ray_address / RAY_ADDRESS") from None
+        signals.install()  # ray.init replaced the SIGTERM handler with one that exits on the spot
         self.where = where
-        gpu_rank = 1 if cfg.actor.device.startswith("cuda") else 0
-        gpu_worker = 1 if cfg.rollout.device.startswith("cuda") else 0
+        have = ray.cluster_resources()
+        on_gpu = lambda device: int(device.startswith("cuda") or (device == "auto" and have.get("GPU", 0) > 0))
+        gpu_rank, gpu_worker = on_gpu(cfg.actor.device), on_gpu(cfg.rollout.device)
         bundles = ([{"CPU": trainer_threads, **({"GPU": gpu_rank} if gpu_rank else {})}] * followers
                    + [{"CPU": per_worker, **({"GPU": gpu_worker} if gpu_worker else {})}] * cfg.rollout.n_workers)
         self._followers, self._bundles = followers, bundles
         need = {k: sum(b.get(k, 0) for b in bundles) for k in ("CPU", "GPU")}
-        have = ray.cluster_resources()
         short = [f"{need[k]:g} {k} (it has {have.get(k, 0):g})" for k in need if need[k] > have.get(k, 0)]
         if short:
             self.close()
