@@ -227,3 +227,38 @@ def test_without_ray_installed_the_ray_launcher_is_one_line_and_local_runs_never
     res = subprocess.run([*train, "total_train_steps=2", "rollout.n_workers=2", "cluster.n_trainer_ranks=2"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+EXACT = """
+import sys, ray, torch
+from a3po.sync.object_store import ObjectStoreWeights
+ray.init(address=sys.argv[1], logging_level="WARNING")
+state = {"w": torch.randn(64, 32), "b": torch.randn(32)}
+store = ObjectStoreWeights(state)
+v0 = store.for_load()
+store.publish({k: v * 2 for k, v in state.items()})
+v1 = store.for_load()
+read = ray.get(ray.remote(lambda a, b: (a.tensors(), b.tensors())).remote(v0, v1), timeout=120)
+assert all(torch.equal(read[0][k], v) and torch.equal(read[1][k], v * 2) for k, v in state.items()), "changed"
+print("equal")
+"""
+
+
+def test_the_object_store_hands_a_worker_exactly_the_published_weights(ray_head, tmp_path):
+    """Each version is its own object: a reader holding v still reads v after v + 1 is published.
+    In a process of its own: Ray reads its environment (RAY_ENV) when it is imported."""
+    res = subprocess.run([sys.executable, "-c", EXACT, ray_head], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "equal", res.stderr[-3000:]
+
+
+def test_bench_sync_times_both_transports(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "a3po.cli", "bench", "sync", "--model", "tiny", "--repeats", "2",
+                          "--out", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = json.loads((tmp_path / "out" / "sync.json").read_text())
+    assert [r["transport"] for r in rec["rows"]] == ["shm", "object store"]
+    assert all(r["publish_n"] == r["read_n"] == 2 and r["publish_median_s"] > 0 < r["read_median_s"]
+               for r in rec["rows"])
+    assert rec["bytes"] > 0 and json.loads(res.stdout.strip().splitlines()[-1])["benchmark"] == "sync"
+    assert "| object store |" in (tmp_path / "out" / "sync.md").read_text()
