@@ -146,6 +146,22 @@ def test_training_with_vllm_reaches_eta_resumes_and_cleans_up(tmp_path):
     assert not left, f"left in /dev/shm: {left}"
 
 
+def test_vllm_workers_run_as_ray_actors(tmp_path):
+    """The two choices together: vLLM engines inside rollout workers that are Ray actors (on a Ray instance
+    the run starts for itself), weights from the object store into vLLM's reload."""
+    import json
+    import os
+
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", *RUN, "total_train_steps=4",
+                          "cluster.launcher=ray", "rollout.n_workers=2"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Ray actors on a Ray instance started for this run" in res.stderr
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(5)) and max(r["stale/max"] for r in rows if r["step"] > 0) == 2
+
+
 def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_path):
     import json
 
