@@ -51,7 +51,7 @@ class LocalLauncher:
     def follower(self, rank: int, args: tuple):
         from a3po.train.ranks import follower_main
 
-        return self._ctx.Process(target=follower_main, args=(*args,), name=f"a3po-rank-{rank}", daemon=True)
+        return self._ctx.Process(target=follower_main, args=args, name=f"a3po-rank-{rank}", daemon=True)
 
     def close(self) -> None:
         pass
