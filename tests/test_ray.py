@@ -39,34 +39,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ray_start(*args: str) -> subprocess.Popen:
+    """`ray start --block ...` in a session of its own, returned once the node is up."""
+    node = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--block", "--node-ip-address",
+                             "127.0.0.1", "--disable-usage-stats", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in node.stdout:  # --block: it prints this once the node is up, then stays in the foreground
+        seen.append(line)
+        if "Ray runtime started" in line:
+            return node
+        if time.monotonic() > deadline:
+            break
+    stop_nodes([node])
+    pytest.fail("ray start did not come up:\n" + "".join(seen))
+
+
+def stop_nodes(nodes: list[subprocess.Popen]) -> None:
+    for node in nodes:
+        for pid in session_members(node.pid):  # Ray's workers leave the node's process group, not its session
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        node.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def ray_head():
     """A one-node Ray cluster on 127.0.0.1; its address. Every process of it is killed afterwards."""
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
     port = free_port()
-    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port",
-                             str(port), "--num-cpus", "4", "--node-ip-address", "127.0.0.1",
-                             "--include-dashboard=false", "--disable-usage-stats"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    head = None
     try:
-        seen = []
-        deadline = time.monotonic() + 120
-        for line in head.stdout:  # --block: the head prints this once it is up, then stays in the foreground
-            seen.append(line)
-            if "Ray runtime started" in line:
-                break
-            assert time.monotonic() < deadline, "".join(seen)
-        else:
-            pytest.fail("ray start --head ended:\n" + "".join(seen))
+        head = ray_start("--head", "--port", str(port), "--num-cpus", "4", "--include-dashboard=false")
         yield f"127.0.0.1:{port}"
     finally:
-        for pid in session_members(head.pid):  # Ray's workers leave the head's process group, not its session
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        head.wait(timeout=30)
+        stop_nodes([head] if head else [])
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -147,6 +158,34 @@ def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path
     assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2  # eta reached, never passed
     assert all(r["train/n_tokens"] > 0 for r in rows if r["step"] > 0)
     assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the resumed run"
+
+
+def test_actors_spread_over_three_nodes_get_the_weights_from_another_nodes_store(ray_head, tmp_path, monkeypatch):
+    """Three Ray nodes (a raylet and an object store each; here all on 127.0.0.1) of one CPU each, and
+    cluster.ray_placement=STRICT_SPREAD: the trainer rank and both workers on nodes of their own, so every
+    worker pulls each version from the store of the node it was put on, as on separate machines. Multi-node
+    clusters on one host need RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 (0 makes the head refuse other nodes)."""
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")
+    port = free_port()
+    nodes = []
+    try:
+        nodes.append(ray_start("--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard=false"))
+        for _ in range(2):
+            nodes.append(ray_start("--address", f"127.0.0.1:{port}", "--num-cpus", "1"))
+        run = Run([*on_ray(f"127.0.0.1:{port}", "total_train_steps=4"), "cluster.ray_placement=STRICT_SPREAD"],
+                  tmp_path)
+        assert run.finish(timeout=600) == 0, run.err[-3000:]
+        rows = metrics(tmp_path / "runs" / "tiny")
+        assert [r["step"] for r in rows] == list(range(5))
+        assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2
+        # three CPUs in all, but no node holds a worker of two threads: refused in one line after cluster.timeout_s
+        run = Run(on_ray(f"127.0.0.1:{port}", "rollout.n_workers=1", "rollout.torch_threads=2",
+                         "cluster.timeout_s=10"), tmp_path)
+        assert run.finish(timeout=300) == 2, run.err[-3000:]
+        line = assert_one_clean_line(run.err, "a3po: error: cluster.launcher=ray: the Ray cluster at")
+        assert "could not place 2 actors" in line and "within 10s (cluster.timeout_s)" in line
+    finally:
+        stop_nodes(nodes)
 
 
 def test_a_killed_worker_actor_is_replaced_and_no_step_is_lost(ray_head, tmp_path):

@@ -242,9 +242,11 @@ class RayLauncher:
             ray.get(self._group.ready(), timeout=c.timeout_s)
         except GetTimeoutError:
             self.close()
+            other = "" if c.ray_placement == "PACK" else ", or try cluster.ray_placement=PACK"
             raise ConfigError(f"cluster.launcher=ray: {where} could not place {len(bundles)} actors "
                               f"({bundles}) with strategy {c.ray_placement} within {c.timeout_s:g}s "
-                              "(cluster.timeout_s); try cluster.ray_placement=PACK or add nodes") from None
+                              f"(cluster.timeout_s): each must fit on one node; add nodes or larger ones{other}"
+                              ) from None
         self._procs: list[RayProcess] = []
 
     def host(self) -> str:
