@@ -184,13 +184,13 @@ def _follow(*args) -> int:
 
 
 def _serve(worker_id, cfg, reward_fn, weights, version, threads, inbox, outbox) -> bool:
-    """A rollout worker inside its actor: the published weights arrive as a reference to resolve here."""
+    """A rollout worker inside its actor; `weights` is the version published last (a StoredVersion)."""
     import torch
 
     from a3po.rollout.worker import serve
 
     torch.set_num_threads(threads)
-    return serve(worker_id, cfg, reward_fn, weights.tensors(), version, inbox, outbox)
+    return serve(worker_id, cfg, reward_fn, weights, version, inbox, outbox)
 
 
 def _check_reachable(address: str, where: str) -> None:

@@ -127,7 +127,10 @@ class _Worker:
         device = resolve_device(cfg.rollout.device, "rollout.device")
         dtype = resolve_dtype(cfg.rollout.dtype, device)
         max_batch = max(cfg.gconfig.n_samples, 64)
-        self.shared = weights
+        if hasattr(weights, "release"):  # a version in Ray's object store: read once here, then not held
+            weights, self.shared = weights.release(), None
+        else:  # the shared-memory buffer, read again at every LoadWeights
+            self.shared = weights
         if cfg.rollout.backend == "vllm":
             from a3po.rollout.vllm_engine import VLLMEngine
 

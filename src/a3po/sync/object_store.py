@@ -41,6 +41,12 @@ class StoredVersion:
 
         return as_tensors(ray.get(self.ref))
 
+    def release(self) -> dict[str, Tensor]:
+        """The tensors, dropping this copy's reference: a worker's start-up version, passed in the arguments
+        its actor keeps for its whole life, would otherwise pin that version in the store until it ends."""
+        out, self.ref = self.tensors(), None
+        return out
+
 
 class ObjectStoreWeights:
     def __init__(self, state: Mapping[str, Tensor]):
