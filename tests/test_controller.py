@@ -59,7 +59,7 @@ class ThreadPool:
 
     def load_weights(self, version: int) -> None:
         for q in self.inboxes:
-            q.put(LoadWeights(version))
+            q.put(LoadWeights(version, None))
 
     def lose(self, i: int) -> None:
         """As if worker i had been killed: it goes silent and its pipe reports the end."""

@@ -5,8 +5,8 @@ then reads the version into its own model between two decode steps. Both halves 
 timed here for the model's full fp32 state, on this machine, with the transports
 alternated inside each repeat:
 
-  shm           the local launcher's: copy into shared-memory tensors (sync/shm.py); the
-                reader is a spawned process that was handed the buffer when it started
+  shm           the local launcher's: copy into the spare one of two shared-memory buffers
+                (sync/shm.py); the reader is a spawned process handed both when it started
   object store  the Ray launcher's: `ray.put` of a new object per version
                 (sync/object_store.py); the reader is a Ray actor on this node that gets
                 the reference, maps the object and copies it
@@ -38,13 +38,13 @@ def _copy_into(own: dict, tensors: dict) -> None:
             own[k].copy_(v)
 
 
-def _shm_reader(shared: dict, conn) -> None:
-    """A spawned process holding the shared buffer, as a local rollout worker does: time each read."""
+def _shm_reader(given, conn) -> None:
+    """A spawned process holding the shared buffers, as a local rollout worker does: time each read."""
     torch.set_num_threads(1)
-    own = {k: v.clone() for k, v in shared.items()}
-    while conn.recv() is not None:
+    own = {k: v.clone() for k, v in given.take().items()}
+    while (version := conn.recv()) is not None:
         t0 = time.perf_counter()
-        _copy_into(own, shared)
+        _copy_into(own, version.tensors(given))
         conn.send(time.perf_counter() - t0)
 
 
@@ -96,7 +96,7 @@ def run(args: SyncBenchArgs) -> dict:
                 if name == "shm":
                     shm.publish(bumped)
                     publish = time.perf_counter() - t0
-                    parent.send(True)
+                    parent.send(shm.for_load())
                     if not parent.poll(300):
                         raise RuntimeError("the shared-memory reader did not answer within 300 s")
                     read = parent.recv()

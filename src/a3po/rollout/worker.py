@@ -49,7 +49,7 @@ class Work:
 @dataclass
 class LoadWeights:
     version: int
-    weights: object = None  # where to read them (sync/object_store.StoredVersion); None: the shared buffer
+    weights: object  # where to read them: sync/shm.InBuffer or sync/object_store.StoredVersion
 
 
 @dataclass
@@ -127,10 +127,8 @@ class _Worker:
         device = resolve_device(cfg.rollout.device, "rollout.device")
         dtype = resolve_dtype(cfg.rollout.dtype, device)
         max_batch = max(cfg.gconfig.n_samples, 64)
-        if hasattr(weights, "release"):  # a version in Ray's object store: read once here, then not held
-            weights, self.shared = weights.release(), None
-        else:  # the shared-memory buffer, read again at every LoadWeights
-            self.shared = weights
+        self.given = weights  # what LoadWeights payloads are read against (the shared buffers)
+        weights = weights.take()
         if cfg.rollout.backend == "vllm":
             from a3po.rollout.vllm_engine import VLLMEngine
 
@@ -203,11 +201,20 @@ class _Worker:
             return False
         if isinstance(msg, LoadWeights):
             t0 = time.perf_counter()
-            self.engine.update_weights(self.shared if msg.weights is None else msg.weights.tensors(), msg.version)
+            self.engine.update_weights(msg.weights.tensors(self.given), msg.version)
             self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0, **self.clock()))
         elif isinstance(msg, Work):
             self.start(msg)
         return True
+
+
+def newest_weights_first(msgs: list) -> list:
+    """With several versions waiting, load only the newest, before any prompt group that arrived with them: a
+    group admitted at version P needs weights >= P, and newer ones only make its tokens fresher."""
+    loads = [m for m in msgs if isinstance(m, LoadWeights)]
+    if len(loads) < 2:
+        return msgs
+    return [loads[-1], *(m for m in msgs if not isinstance(m, LoadWeights))]
 
 
 def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, conn) -> None:
@@ -243,7 +250,7 @@ def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, inbox, 
                 pass
             if idle:
                 w.idle_s += time.perf_counter() - t0
-            for m in msgs:
+            for m in newest_weights_first(msgs):
                 running = running and w.handle(m)
             for c in w.engine.step():
                 w.finish(c)

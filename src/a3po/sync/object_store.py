@@ -1,6 +1,6 @@
 """Weight sync across machines through Ray's object store (cluster.launcher=ray).
 
-Each published version is a new immutable object: the trainer puts its weights once
+The calls are those of sync/shm.py. Each published version is a new immutable object: the trainer puts its weights once
 (`ray.put`, fp32 numpy arrays, which Ray stores without pickling them element by
 element), and every LoadWeights message carries a reference to it. A worker on the
 trainer's node maps the object without a copy; a worker on another node pulls it over
@@ -36,12 +36,12 @@ class StoredVersion:
     def __init__(self, ref):
         self.ref = ref
 
-    def tensors(self) -> dict[str, Tensor]:
+    def tensors(self, given=None) -> dict[str, Tensor]:
         import ray
 
         return as_tensors(ray.get(self.ref))
 
-    def release(self) -> dict[str, Tensor]:
+    def take(self) -> dict[str, Tensor]:
         """The tensors, dropping this copy's reference: a worker's start-up version, passed in the arguments
         its actor keeps for its whole life, would otherwise pin that version in the store until it ends."""
         out, self.ref = self.tensors(), None

@@ -4,7 +4,7 @@
     ctl.start()
     got = ctl.take_batch(v)            # the groups of slots [vB, (v+1)B), in slot order
     ...                                # PPO update: workers keep generating meanwhile
-    ctl.wait_loaded(v)                 # every worker holds v: the shared buffer may be overwritten
+    ctl.wait_loaded(v - 1)             # every worker is past v - 1: its buffer may be overwritten
     weights.publish(...); ctl.publish(v + 1)
 
 It owns admission (train/admission.py), the buffer of finished groups, dynamic-filtering
@@ -16,7 +16,8 @@ rollout faster than training, consumed tokens reach staleness eta, never more.
 
 Bound (stated once, enforced by `Admission.take` with the *published* version): a group
 admitted while version P is published has every token sampled by weights >= P (a worker's
-inbox is FIFO and `publish` queues LoadWeights(P) before any later Work), and it is
+inbox is FIFO and `publish` queues LoadWeights(P) before any later Work; a worker that finds
+several versions waiting loads the newest first), and it is
 consumed at version slot // B <= P + eta, so d <= eta.
 
 Worker restart: a worker whose pipe closes (it died) or that falls silent for
@@ -24,7 +25,7 @@ rollout.worker_timeout_s (hung: it is killed) is replaced by a fresh process in 
 place, started with the published version P' >= P, and the groups it had in flight are
 queued again under their own slots, so the bound above holds for them unchanged and no
 step is lost or done twice. The new process reads the shared weight buffer while it starts,
-so the trainer must not overwrite it meanwhile: its acknowledged version is -1 until its
+so the trainer must not overwrite it meanwhile: its acknowledged version is -2 until its
 Ready arrives (wait_loaded waits for it), and a restart is put off while the trainer is
 between wait_loaded and publish, writing the buffer. After rollout.max_worker_restarts
 replacements, the next failure stops the run.
@@ -45,7 +46,7 @@ from a3po.rollout.worker import GroupDone, Ready, WeightsLoaded, Work
 from a3po.train.admission import Admission
 
 MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
-NOT_LOADED = -1  # acknowledged version of a worker that is being replaced
+NOT_LOADED = -2  # acknowledged version of a worker that is being replaced: below every version waited for
 MAX_SEQUENCES_IN_FLIGHT = 1024  # cap of max_concurrent_rollouts=null, in sequences (groups x n_samples)
 POLL_S = 0.05  # how long the controller blocks on the workers' queue before it looks at admission again
 

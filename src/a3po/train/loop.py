@@ -5,7 +5,7 @@
     2. advantages: shaped rewards (less the KL to the reference with actor.kl_in_reward)
        -> group-relative advantages (algorithm core);
     3. PPO update on the batch (train/engine.py): version v -> v + 1;
-    4. weight sync: once every worker holds v, publish v + 1 (shared memory, or Ray's object store);
+    4. weight sync: once every worker is past v - 1, publish v + 1 (shared memory, or Ray's object store);
     5. statistics for this step.
 
 Rollout does not wait for this loop: the controller thread keeps admitting groups and
@@ -108,9 +108,10 @@ class Trainer:
         stats = self.engine.ppo_update(batch) | adv_stats
         after_train = ctl.snapshot()
 
-        # 4. Weight sync: every worker must have loaded v before v + 1 overwrites the buffer.
+        # 4. Weight sync: v + 1 goes where v - 1 was (sync/shm.py keeps two versions), so every worker must be
+        #    past v - 1; a worker still loading v is not waited for.
         t0 = time.perf_counter()
-        ctl.wait_loaded(v)
+        ctl.wait_loaded(v - 1)
         self.weights.publish(self.engine.weights())
         ctl.publish(self.engine.version)
         stats["perf/weight_sync_s"] = time.perf_counter() - t0
