@@ -23,20 +23,14 @@ from pathlib import Path
 import pytest
 from procs import TINY, Run, assert_one_clean_line, gone_within, lines_with, proc_stat, session_members, steps_logged
 
+from a3po.train.parallel import free_port
+
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}  # loopback only, no token file
 ACTORS = ("ray::RolloutWorker", "ray::TrainerRank")
 ACTOR_EXIT_S = 30.0  # Ray notices a dead driver or a killed actor's owner within seconds
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ray_start(*args: str) -> subprocess.Popen:

@@ -183,16 +183,6 @@ def _follow(*args) -> int:
     return follow(*args)
 
 
-def _serve(worker_id, cfg, reward_fn, weights, version, threads, inbox, outbox) -> bool:
-    """A rollout worker inside its actor; `weights` is the version published last (a StoredVersion)."""
-    import torch
-
-    from a3po.rollout.worker import serve
-
-    torch.set_num_threads(threads)
-    return serve(worker_id, cfg, reward_fn, weights, version, inbox, outbox)
-
-
 def _check_reachable(address: str, where: str) -> None:
     """A head that does not answer is one line within CONNECT_S: ray.init itself retries for minutes."""
     if "://" in address or ":" not in address:  # ray://... (Ray Client), auto, local
@@ -261,7 +251,9 @@ class RayLauncher:
         return {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0), "scheduling_strategy": where}
 
     def worker(self, worker_id: int, args: tuple) -> WorkerChannels:
-        proc = RayProcess(RolloutWorker, f"a3po-rollout-{worker_id}", _serve, (worker_id, *args),
+        from a3po.rollout.worker import serve
+
+        proc = RayProcess(RolloutWorker, f"a3po-rollout-{worker_id}", serve, (worker_id, *args),
                           self._place(self._followers + worker_id), channels=True)
         self._procs.append(proc)
         return WorkerChannels(proc, _Inbox(proc), _Reader(proc))

@@ -222,15 +222,15 @@ def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, t
     child.take_signals()
     child.name_process(f"a3po-rollout-{worker_id}")
     child.exit_when_orphaned()  # within ORPHAN_POLL_S, and at once through the parent's pipe
-    torch.set_num_threads(threads)
-    if serve(worker_id, cfg, reward_fn, weights, version, inbox, conn):
+    if serve(worker_id, cfg, reward_fn, weights, version, threads, inbox, conn):
         _exit_now()
 
 
-def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, inbox, conn) -> bool:
+def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, conn) -> bool:
     """A worker's life after its process is set up: load, report Ready, then generate and answer until Stop
     (True) or a failure, reported to the trainer through `conn.send` (False). `inbox` is read like a queue.Queue."""
     keep_freed_memory()
+    torch.set_num_threads(threads)
     w = None
     outbox = Outbox(conn)
     try:
