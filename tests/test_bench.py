@@ -44,6 +44,8 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
     for s in rec["steps"]:
         assert s["step_n"] == 2 and 0 < s["step_min_s"] <= s["step_median_s"] <= s["step_max_s"]
         assert s["fwd_bwd_s"] > 0 and s["optimizer_s"] > 0
+        assert s["fwd_bwd_gflops"] == pytest.approx(rec["fwd_bwd_tflop"] * 1e3 / s["fwd_bwd_s"])
+        assert s["of_matmul"] == pytest.approx(s["fwd_bwd_gflops"] / rec["matmul_gflops"])
         # the batch fits one micro-batch per minibatch: one training forward per minibatch, plus
         # the proximal pass for recompute only (counted by a forward hook, not inferred from time)
         extra = s["method"] == "recompute"
@@ -56,6 +58,12 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
     assert set(prox) == {"recompute (forward pass)", "loglinear", "linear"}
     assert prox["loglinear"]["time_n"] >= 50 and prox["loglinear"]["speedup_vs_forward"] > 1
     assert rec["dtype"] == "float32" and rec["batch"] == 4 and rec["seq"] == 24
+    from a3po.bench.flops import linear_weights
+    from a3po.models import load_policy
+
+    body, head = linear_weights(load_policy("tiny")[0])
+    assert rec["fwd_bwd_tflop"] * 1e12 == pytest.approx(6 * (body + head) * 4 * 24)  # 6 FLOPs per weight per token
+    assert rec["matmul_gflops"] > 0 and rec["machine"]["cpu"]
     md = (tmp_path / "out" / "step.md").read_text()
     assert "| recompute | 1 |" in md and "| loglinear | 4 |" in md and "forward / this" in md
     assert json.loads(res.stdout.strip().splitlines()[-1])["benchmark"] == "step"
@@ -223,3 +231,16 @@ def test_trailing_mean_smooths_reward_curves():
 
     assert trailing_mean([0.0, 1.0, 0.0, 1.0, 1.0], 2) == [0.0, 0.5, 0.5, 0.5, 1.0]
     assert trailing_mean([3.0, 1.0], 1) == [3.0, 1.0]
+
+
+def test_model_flops_count_every_linear_weight_once_per_token():
+    from a3po.bench.flops import generation_flops, linear_weights
+    from a3po.models import load_policy
+
+    model, tok = load_policy("tiny-128x4")
+    cfg = model.config
+    d, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    per_layer = d * d * 2 + d * kv * 2 + 3 * d * cfg.intermediate_size  # q, o; k, v; gate, up, down
+    assert linear_weights(model) == (cfg.num_hidden_layers * per_layer, len(tok) * d)
+    # two prompts of 5 and 7 tokens, 3 new tokens each: 5 + 2 and 7 + 2 tokens through the body, 6 through the head
+    assert generation_flops(model, [5, 7], 3) == 2 * (cfg.num_hidden_layers * per_layer * 16 + len(tok) * d * 6)

@@ -1,12 +1,13 @@
 """`a3po bench rollout`: the fast CI variant on the tiny model, run as a user runs it (a real
 subprocess), and its argument checks.
 
-Proves: both engines ran in both dtypes on the same work (every arm generated the same number
-of tokens, every ratio is positive); the output files and the last stdout line have the
-documented structure; the fp32 engine's log-probs are the trainer's own, token for token, when
-the trainer also computes in fp32 (the bound is far below what a one-position misalignment
-gives on the tiny model, about 1 nat per token); bf16 rounding opens a larger gap, and the k3
-KL estimate is never negative. Timing is printed, never asserted.
+Proves: every engine (local on each forward, generate) ran in both dtypes on the same work
+(every arm generated the same number of tokens, every ratio is positive); the output files and
+the last stdout line have the documented structure; the fp32 engine's log-probs are the
+trainer's own, token for token, when the trainer also computes in fp32 (the bound is far below
+what a one-position misalignment gives on the tiny model, about 1 nat per token); bf16 rounding
+opens a larger gap, and the k3 KL estimate is never negative.
+Timing is printed, never asserted.
 
     pytest tests/test_bench_rollout.py
 """
@@ -17,8 +18,8 @@ import json
 import pytest
 from test_bench import a3po
 
-TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2",
-        "--out", "out", "--update-every", "2"]
+TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--group", "2", "--max-new-tokens", "8", "--repeats",
+        "2", "--out", "out", "--update-every", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -35,29 +36,33 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
     _, _, rec = tiny_run
     arms = [(a["engine"], a["dtype"]) for a in rec["arms"]]
     update_dtype = "bfloat16" if rec["machine"]["native_bf16"] else "float32"  # rollout.dtype=auto
-    assert arms == [("local", "float32"), ("generate", "float32"), ("local", "bfloat16"), ("generate", "bfloat16"),
-                    ("update:keep_kv", update_dtype), ("update:reprefill", update_dtype)]
+    assert arms == [(e, d) for d in ("float32", "bfloat16") for e in ("local", "local-hf", "generate")] + [
+        ("update:keep_kv", update_dtype), ("update:reprefill", update_dtype)]
     for a in rec["arms"]:
         assert a["tokens"] == 4 * 8, a  # no row stopped early, in any arm, weight updates or not
         assert a["tok_per_s_n"] == a["call_n"] == 2
         assert 0 < a["tok_per_s_min"] <= a["tok_per_s_median"] <= a["tok_per_s_max"]
         if not a["engine"].startswith("update:"):
             assert a["over_first_dtype"] > 0 and (a["dtype"] != "float32" or a["over_first_dtype"] == 1.0)
-        assert (a["over_generate"] > 0) if a["engine"] == "local" else a["over_generate"] is None
-        assert a["over_local"] is None  # only vLLM's rows have one
+        assert (a["over_generate"] > 0) if a["engine"].startswith("local") else a["over_generate"] is None
+        assert (a["over_local"] > 0) if a["engine"] == "local-hf" else a["over_local"] is None
+        assert a["gflops"] > 0 and a["of_matmul"] == pytest.approx(a["gflops"] / rec["matmul_gflops"][a["dtype"]])
     assert rec["update_every"] == 2 and rec["keep_kv_over_reprefill"] > 0
     assert rec["local_bf16_over_fp32"] > 0
     assert rec["dtypes"] == ["float32", "bfloat16"] and rec["trainer_dtype"] == "float32"
-    assert rec["engines"] == ["local", "generate"] and rec["vllm_start_s"] == {}
-    assert rec["batch"] == 4 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
+    assert rec["engines"] == ["local", "local-hf", "generate"] and rec["vllm_start_s"] == {}
+    assert rec["batch"] == 4 and rec["group"] == 2 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
+    assert set(rec["matmul_gflops"]) >= {"float32", "bfloat16"} and min(rec["matmul_gflops"].values()) > 0
     assert rec["machine"]["cpu"] and isinstance(rec["machine"]["avx512_bf16"], bool)
 
 
 @pytest.mark.slow
 def test_bench_rollout_fp32_log_probs_are_the_trainers_and_bf16_drifts(tiny_run):
     _, _, rec = tiny_run
-    assert [g["engine"] for g in rec["gap"]] == ["local", "local"]
-    gap = {g["dtype"]: g for g in rec["gap"]}
+    assert [g["engine"] for g in rec["gap"]] == ["local", "local-hf"] * 2
+    gap = {g["dtype"]: g for g in rec["gap"] if g["engine"] == "local"}
+    hf = {g["dtype"]: g for g in rec["gap"] if g["engine"] == "local-hf"}
+    assert hf["float32"]["abs_max"] < 1e-4  # both forwards give the trainer's log-probs in fp32
     assert set(gap) == {"float32", "bfloat16"}
     for g in gap.values():
         assert g["tokens"] == 4 * 8
@@ -80,10 +85,19 @@ def test_bench_rollout_writes_markdown_json_and_ends_stdout_with_one_json_line(t
     assert rec["args"]["model"] == "tiny" and rec["benchmark"] == "rollout"
 
 
+def test_bench_rollout_groups_ask_each_question_group_times_in_a_row(tiny):
+    from a3po.bench.rollout import arithmetic_prompts
+
+    _, tok = tiny
+    p = arithmetic_prompts(tok, 6, group=3)
+    assert p[0] == p[1] == p[2] and p[3] == p[4] == p[5] and p[0] != p[3]
+    assert arithmetic_prompts(tok, 6)[:2] == [p[0], p[3]]  # the same questions, asked once each
+
+
 @pytest.mark.parametrize("bad, named", [(["--dtypes", "float32,float16"], "float16"), (["--batch", "0"], "--batch"),
                                         (["--trainer-dtype", "fp16"], "fp16"),
                                         (["--engines", "local,sglang"], "sglang"),
-                                        (["--engines", "local,local"], "each once")])
+                                        (["--engines", "local,local"], "each once"), (["--group", "3"], "--group")])
 def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
     res = a3po("bench", "rollout", *bad, cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and named in res.stderr, res.stderr

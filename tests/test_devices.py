@@ -83,8 +83,8 @@ def test_training_and_sampling_run_on_the_device_asked_for(tiny, device):
     assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
     assert any(not torch.equal(before[k], v.cpu()) for k, v in engine.weights().items())
 
-    sampler = LocalEngine(engine.model, eos_token_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
-    assert sampler.device.type == torch.device(device).type
+    sampler = LocalEngine(engine.model, eos_token_ids=[tok.eos_token_id])
+    assert sampler.forward.device.type == torch.device(device).type
     outs = generate(sampler, [GenerationRequest([1, 2, 3], 5, rid=i, seed=i) for i in range(3)])
     assert [len(o.output_ids) for o in outs] == [len(o.output_logprobs) for o in outs]
     assert all(lp <= 0 for o in outs for lp in o.output_logprobs)

@@ -52,7 +52,7 @@ def train(model, tok, *overrides: str) -> tuple[float, list[dict[str, float]]]:
     cfg = load_config(None, ["actor.dtype=float32", "actor.optimizer.lr=1e-2", f"gconfig.n_samples={GROUP}",
                              *overrides])
     engine = TrainEngine(copy.deepcopy(model), cfg.actor, STEPS)
-    sampler = LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
+    sampler = LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id])
     history = []
     for step in range(STEPS):
         batch, extra = batch_with_advantages(cfg, engine, sample(sampler, tok, seed=1000 * step), tok.pad_token_id)
@@ -89,11 +89,11 @@ def test_kl_in_reward_charges_each_sequence_its_summed_reference_kl(tiny):
     with torch.no_grad():  # a reference away from the sampler, so that the KL is not 0
         for p in engine.ref_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    sampler = LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
+    sampler = LocalEngine(copy.deepcopy(model), eos_token_ids=[tok.eos_token_id])
     trajs = sample(sampler, tok, seed=7)
     batch, stats = batch_with_advantages(cfg, engine, trajs, tok.pad_token_id)
 
-    plain = collate(trajs, pad_id=tok.pad_token_id)
+    plain = collate(trajs)
     ref = engine.compute_logp(plain, engine.ref_model)
     kl = 0.5 * (plain.logp_behav - ref).square()  # k2 = x^2 / 2 with x = b - ref
     m = plain.loss_mask

@@ -1,4 +1,5 @@
-"""The local rollout engine: sampling it can account for, continuous batching, in-flight updates.
+"""The local rollout engine: sampling it can account for, continuous batching, in-flight updates,
+on both forward passes (a3po's KV decoder and the Hugging Face forward).
 
 Proves: per-token log-probs equal the training engine's within 1e-4 (fp32) with the same
 weights and temperature; greedy decoding equals `model.generate`; continuous batching
@@ -8,14 +9,14 @@ are those of the renormalised distribution that was sampled.
 """
 
 import copy
-import math
 
+import pytest
 import torch
 from conftest import actor_cfg
 
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.sampling import draw, sampling_logp
+from a3po.rollout.sampling import sample
 from a3po.train.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
@@ -27,8 +28,14 @@ def prompts(tok, n):
     return [tok.encode(c, add_special_tokens=False) for c in chats]
 
 
-def engine_for(model, tok, **kw):
-    return LocalEngine(model, eos_token_ids=[tok.eos_token_id], decode=tok.decode, pad_id=tok.pad_token_id, **kw)
+@pytest.fixture(params=["a3po", "hf"])
+def forward(request):
+    """Every engine test runs on both forward passes (rollout.forward)."""
+    return request.param
+
+
+def engine_for(model, tok, forward, **kw):
+    return LocalEngine(model, eos_token_ids=[tok.eos_token_id], decode=tok.decode, forward=forward, **kw)
 
 
 def perturbed(model):
@@ -44,10 +51,10 @@ def batch_of(completions):
     return collate([Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions) for c in completions])
 
 
-def test_logprobs_match_training_engine_fp32(tiny):
+def test_logprobs_match_training_engine_fp32(tiny, forward):
     model, tok = tiny
     reqs = [GenerationRequest(p, 12, rid=i, temperature=0.7, seed=i) for i, p in enumerate(prompts(tok, 6))]
-    outs = generate(engine_for(model, tok, max_batch=4), reqs)
+    outs = generate(engine_for(model, tok, forward, max_batch=4), reqs)
     batch = batch_of(outs)
     trainer = TrainEngine(copy.deepcopy(model), actor_cfg(), 1, temperature=0.7)
     logp = trainer.compute_logp(batch)
@@ -56,29 +63,29 @@ def test_logprobs_match_training_engine_fp32(tiny):
     assert (logp[m] - batch.logp_behav[m]).abs().max() < 1e-4
 
 
-def test_greedy_equals_model_generate(tiny):
+def test_greedy_equals_model_generate(tiny, forward):
     model, tok = tiny
     p = prompts(tok, 1)[0]
-    out = generate(engine_for(model, tok), [GenerationRequest(p, 10, greedy=True)])[0]
+    out = generate(engine_for(model, tok, forward), [GenerationRequest(p, 10, greedy=True)])[0]
     ref = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     assert out.output_ids == ref[0, len(p):].tolist()
 
 
-def test_continuous_batching_gives_the_same_samples_as_one_at_a_time(tiny):
+def test_continuous_batching_gives_the_same_samples_as_one_at_a_time(tiny, forward):
     model, tok = tiny
     reqs = [GenerationRequest(p, 4 + 3 * (i % 4), rid=i, seed=10 + i) for i, p in enumerate(prompts(tok, 7))]
-    together = generate(engine_for(model, tok, max_batch=3), reqs)  # requests join as rows free up
+    together = generate(engine_for(model, tok, forward, max_batch=3), reqs)  # requests join as rows free up
     for r, c in zip(reqs, together):
-        alone = generate(engine_for(model, tok, max_batch=1), [r])[0]
+        alone = generate(engine_for(model, tok, forward, max_batch=1), [r])[0]
         assert c.output_ids == alone.output_ids
         assert max(abs(a - b) for a, b in zip(c.output_logprobs, alone.output_logprobs)) < 1e-4
 
 
-def test_requests_join_while_others_run(tiny):
+def test_requests_join_while_others_run(tiny, forward):
     model, tok = tiny
     ps = prompts(tok, 3)
-    e = engine_for(model, tok, max_batch=8)
+    e = engine_for(model, tok, forward, max_batch=8)
     e.submit(GenerationRequest(ps[0], 20, rid="early", seed=1))
     for _ in range(5):
         assert e.step() == []
@@ -91,11 +98,11 @@ def test_requests_join_while_others_run(tiny):
     assert len(finished) > 3
 
 
-def test_in_flight_update_switches_version_mid_sequence(tiny):
+def test_in_flight_update_switches_version_mid_sequence(tiny, forward):
     model, tok = tiny
     new_model = perturbed(model)
     reqs = [GenerationRequest(p, 16, rid=i, seed=i, temperature=1.0) for i, p in enumerate(prompts(tok, 4))]
-    e = engine_for(copy.deepcopy(model), tok, max_batch=4)
+    e = engine_for(copy.deepcopy(model), tok, forward, max_batch=4)
     for r in reqs:
         e.submit(r)
     done = []
@@ -120,13 +127,13 @@ def test_in_flight_update_switches_version_mid_sequence(tiny):
     assert (old[v1] - batch.logp_behav[v1]).abs().max() > 1e-3  # the update really changed them
 
 
-def test_keep_kv_update_labels_each_token_by_the_weights_that_computed_its_logits(tiny):
+def test_keep_kv_update_labels_each_token_by_the_weights_that_computed_its_logits(tiny, forward):
     model, tok = tiny
     new_model = perturbed(model)
     ps = prompts(tok, 4)
 
     def run(reprefill: bool):
-        e = engine_for(copy.deepcopy(model), tok, max_batch=4, reprefill_on_update=reprefill)
+        e = engine_for(copy.deepcopy(model), tok, forward, max_batch=4, reprefill_on_update=reprefill)
         for i, p in enumerate(ps):
             e.submit(GenerationRequest(p, 16, rid=i, seed=i))
         done = []
@@ -160,10 +167,10 @@ def test_keep_kv_update_labels_each_token_by_the_weights_that_computed_its_logit
     assert (new[late.loss_mask] - late.logp_behav[late.loss_mask]).abs().max() < 1e-4
 
 
-def test_stop_string_and_length_finish_reasons(tiny):
+def test_stop_string_and_length_finish_reasons(tiny, forward):
     model, tok = tiny
     p = prompts(tok, 1)[0]
-    no_eos = dict(decode=tok.decode, pad_id=tok.pad_token_id)  # only the length or a stop string ends a row
+    no_eos = dict(decode=tok.decode, forward=forward)  # only the length or a stop string ends a row
     free = generate(LocalEngine(model, **no_eos), [GenerationRequest(p, 12, seed=3)])[0]
     assert free.finish_reason == "length" and len(free.output_ids) == 12
     # stop at the first occurrence of the text sampled as the 6th token (a seeded request draws the same tokens)
@@ -177,24 +184,118 @@ def test_stop_string_and_length_finish_reasons(tiny):
     assert len(text) >= first + len(stop_at) and len(cut.output_ids) < 12
 
 
+def draws(logits, n, **settings):
+    """`n` draws of `sample` on every row of `logits` (B, V), one generator per row: tokens (n, B), log-probs (n, B)."""
+    B = logits.shape[0]
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(B)]
+    args = {"temperature": torch.ones(B), "top_k": torch.zeros(B, dtype=torch.long), "top_p": torch.ones(B),
+            "greedy": torch.zeros(B, dtype=torch.bool)}
+    args.update(settings)
+    out = [sample(logits, generators=gens, **args) for _ in range(n)]
+    return torch.stack([t for t, _ in out]), torch.stack([lp for _, lp in out])
+
+
 def test_top_k_top_p_logprobs_are_the_renormalised_distribution():
-    # probs 0.5, 0.3, 0.15, 0.05
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
-    lp = sampling_logp(logits, torch.ones(3), torch.tensor([2, 0, 0]), torch.tensor([1.0, 0.7, 1.0]))
-    # top-k 2: 0.5/0.8, 0.3/0.8
-    assert torch.allclose(lp[0, :2].exp(), torch.tensor([0.625, 0.375])) and torch.isinf(lp[0, 2:]).all()
-    # top-p 0.7: mass before token 2 is 0.8 >= 0.7, so tokens 0, 1 kept
-    assert torch.allclose(lp[1, :2].exp(), torch.tensor([0.625, 0.375])) and torch.isinf(lp[1, 2:]).all()
-    assert torch.allclose(lp[2].exp(), torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    gens = [torch.Generator().manual_seed(s) for s in range(3)]
-    for _ in range(200):
-        t = draw(lp, gens)
-        assert (t[:2] < 2).all()
+    tokens, logp = draws(logits, 400, top_k=torch.tensor([2, 0, 0]), top_p=torch.tensor([1.0, 0.7, 1.0]))
+    renormalised = torch.log(torch.tensor([0.625, 0.375]))  # top-k 2, and top-p 0.7 (0.8 of mass before token 2)
+    for row in (0, 1):
+        assert set(tokens[:, row].tolist()) == {0, 1}
+        assert torch.allclose(logp[:, row], renormalised[tokens[:, row]])
+    assert set(tokens[:, 2].tolist()) == {0, 1, 2, 3}  # untouched row
+    assert torch.allclose(logp[:, 2], logits[2, tokens[:, 2]])
 
 
-def test_draw_follows_the_distribution():
-    lp = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
-    g = [torch.Generator().manual_seed(0)]
-    counts = torch.bincount(torch.cat([draw(lp, g) for _ in range(3000)]), minlength=3).float() / 3000
-    assert torch.allclose(counts, torch.tensor([0.1, 0.6, 0.3]), atol=0.03)
-    assert math.isclose(float(counts.sum()), 1.0)
+@pytest.mark.parametrize("V", [3, 700])  # one block; several blocks with a partial last one
+def test_draws_follow_the_distribution_and_report_its_logprob(V):
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(2, V, generator=g) * 3
+    logits[1, : V // 2] = float("-inf")  # mass only in the upper half, across block boundaries
+    temperature = torch.tensor([1.0, 0.7])
+    tokens, logp = draws(logits, 4000, temperature=temperature)
+    probs = torch.softmax(logits / temperature[:, None], -1)
+    freq = torch.stack([torch.bincount(tokens[:, r], minlength=V) for r in range(2)]).float() / 4000
+    assert (freq - probs).abs().max() < 0.03
+    assert (freq[1, : V // 2] == 0).all()
+    exact = torch.log_softmax(logits / temperature[:, None], -1).gather(1, tokens.T).T
+    assert torch.allclose(logp, exact, atol=1e-5)
+
+
+def test_greedy_rows_take_the_argmax_with_the_raw_logprob():
+    logits = torch.randn(3, 600)
+    tokens, logp = draws(logits, 3, greedy=torch.tensor([True, False, True]), temperature=torch.tensor([0.5, 1, 2]))
+    raw = torch.log_softmax(logits, -1)
+    for row in (0, 2):
+        assert (tokens[:, row] == logits[row].argmax()).all()
+        assert torch.allclose(logp[:, row], raw[row].max())
+
+
+def tiny_qwen2(tok):
+    """A random two-layer Qwen2 (biases on q, k, v) over the tiny tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # random biases, so that a forward ignoring them would differ
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+def same_run_on_both_forwards(model, tok):
+    """Rows of different lengths joining and finishing at different steps, some prefilled together with
+    the same prompt (a group), on each forward: completions by rid."""
+    ps = prompts(tok, 3)
+    reqs = [GenerationRequest(ps[i % 3][: 20 + 7 * (i % 3)], 5 + 4 * (i % 4), rid=i, seed=i, temperature=0.8)
+            for i in range(9)]
+    return [{c.rid: c for c in generate(engine_for(model, tok, f, max_batch=4), reqs)} for f in ("a3po", "hf")]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_kv_decoder_samples_what_the_hugging_face_forward_samples(tiny, arch):
+    model, tok = tiny
+    if arch == "qwen2":
+        model = tiny_qwen2(tok)
+    engine = engine_for(model, tok, "auto")
+    assert type(engine.forward).__name__ == "KVDecoder"
+    ours, theirs = same_run_on_both_forwards(model, tok)
+    assert ours.keys() == theirs.keys()
+    for rid, c in ours.items():
+        assert c.output_ids == theirs[rid].output_ids
+        assert max(abs(a - b) for a, b in zip(c.output_logprobs, theirs[rid].output_logprobs)) < 1e-4
+
+
+def test_the_kv_decoder_grows_its_cache_and_keeps_an_fp32_head(tiny):
+    from a3po.models.head import use_fp32_head
+    from a3po.rollout.kv_decoder import KVDecoder
+
+    model, tok = tiny
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    use_fp32_head(bf16)
+    long = prompts(tok, 1)[0] * 3  # well past the first capacity of 64 tokens
+    engine = engine_for(bf16, tok, "a3po", max_batch=2)
+    out = generate(engine, [GenerationRequest(long, 40, rid=0, seed=1), GenerationRequest(long[:10], 3, rid=1)])
+    assert isinstance(engine.forward, KVDecoder) and engine.forward.capacity >= len(long) + 40
+    assert len(out[0].output_ids) == 40 or out[0].finish_reason == "stop"
+    # the fp32 head makes the logits fp32: the log-probs agree with the trainer's bf16 forward
+    batch = batch_of(out)
+    trainer = TrainEngine(bf16, actor_cfg("actor.dtype=bfloat16", "actor.fp32_lm_head=true"), 1)
+    m = batch.loss_mask
+    assert (trainer.compute_logp(batch)[m] - batch.logp_behav[m]).abs().max() < 0.1
+
+
+def test_other_architectures_fall_back_to_the_hugging_face_forward(tiny):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tok = tiny
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2)).eval()
+    engine = engine_for(gpt2, tok, "auto")
+    assert type(engine.forward).__name__ == "HFForward"
+    out = generate(engine, [GenerationRequest(prompts(tok, 1)[0], 4, seed=0)])[0]
+    assert len(out.output_ids) == 4 or out.finish_reason == "stop"
+    with pytest.raises(ValueError, match="rollout.forward=a3po cannot run this model: model_type 'gpt2'"):
+        engine_for(gpt2, tok, "a3po")

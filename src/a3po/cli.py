@@ -100,7 +100,8 @@ def _add_bench_parsers(sub) -> None:
     rollout = kinds.add_parser("rollout", help="rollout tokens/s per engine and dtype (local, model.generate, "
                                                        "vLLM), and the log-prob gap",
                                description="Time the local rollout engine in each dtype against model.generate "
-                                           "(and vLLM with --engines) on the same batch, and compare its "
+                                           "(and vLLM with --engines) on the same batch, with the achieved "
+                                           "GFLOP/s against this machine's matmul rate, and compare its "
                                            "log-probs with the trainer's.")
     rollout.add_argument("--model", default=r.model, help="actor.path (tiny for a quick run)")
     rollout.add_argument("--dtypes", type=_csv(str), default=r.dtypes, help=f"subset of {','.join(ROLLOUT_DTYPES)}")
@@ -109,6 +110,8 @@ def _add_bench_parsers(sub) -> None:
     rollout.add_argument("--trainer-dtype", default=r.trainer_dtype,
                          help="actor.dtype of the trainer the log-probs are compared with (auto, float32, bfloat16)")
     rollout.add_argument("--batch", type=int, default=r.batch, help="requests in the batch (the worker's max batch)")
+    rollout.add_argument("--group", type=int, default=r.group,
+                         help="requests per distinct prompt, as gconfig.n_samples makes them in a run")
     rollout.add_argument("--max-new-tokens", type=int, default=r.max_new_tokens)
     rollout.add_argument("--repeats", type=int, default=r.repeats)
     rollout.add_argument("--update-every", type=int, default=r.update_every,

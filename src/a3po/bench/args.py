@@ -9,7 +9,9 @@ from a3po.algo.variants import PROX_METHODS
 # bench step's proximal methods: every way of getting p; metrics is recompute plus error bookkeeping
 METHODS = tuple(m for m in PROX_METHODS if m != "metrics")
 ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
-ROLLOUT_ENGINES = ("local", "generate", "vllm")  # bench rollout's engines; vllm only where vLLM is installed
+# bench rollout's engines: local (rollout.forward=auto), local-hf (rollout.forward=hf), model.generate, and vllm
+# only where vLLM is installed
+ROLLOUT_ENGINES = ("local", "local-hf", "generate", "vllm")
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2", "ray")  # bench e2e's (e2e.py)
 E2E_DEFAULT_ARMS = ARM_NAMES[:-2]  # ranks2 and ray measure the launchers, not the method: asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
@@ -50,9 +52,10 @@ class StepBenchArgs:
 class RolloutBenchArgs:
     model: str = "smollm2-135m-instruct"
     dtypes: list[str] = field(default_factory=lambda: list(ROLLOUT_DTYPES))
-    engines: list[str] = field(default_factory=lambda: ["local", "generate"])
+    engines: list[str] = field(default_factory=lambda: ["local", "local-hf", "generate"])
     trainer_dtype: str = "auto"  # the actor dtype the log-prob gap is measured against
     batch: int = 64  # the rollout worker's max batch: one worker's full load
+    group: int = 1  # requests per distinct prompt (gconfig.n_samples in a run): a group's prompt is one prefill
     max_new_tokens: int = 24  # gconfig.max_new_tokens' default
     repeats: int = 3
     threads: int = 1  # one rollout worker's share of this 2-core machine in `a3po train`
@@ -66,6 +69,8 @@ class RolloutBenchArgs:
         problems = [f"--{k.replace('_', '-')} must be at least 1"
                     for k in ("batch", "max_new_tokens", "repeats", "threads") if getattr(self, k) < 1]
         problems += ["--update-every must be 0 (off) or at least 1"] if self.update_every < 0 else []
+        problems += ([f"--group {self.group}: must be at least 1 and divide --batch {self.batch}"]
+                     if self.group < 1 or self.batch % self.group else [])
         problems += [f"--dtypes: unknown '{d}' (choose from {','.join(ROLLOUT_DTYPES)})"
                      for d in self.dtypes if d not in ROLLOUT_DTYPES]
         problems += (["--dtypes: give at least one, each once"]

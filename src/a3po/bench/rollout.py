@@ -1,8 +1,8 @@
 """`a3po bench rollout`: tokens/s of the rollout engines per dtype, against `model.generate`,
 and how far each engine's behaviour log-probs are from the trainer's.
 
-    a3po bench rollout [--model M] [--dtypes float32,bfloat16] [--engines local,generate[,vllm]]
-                       [--trainer-dtype auto] [--batch 64] [--max-new-tokens 24] [--repeats 3]
+    a3po bench rollout [--model M] [--dtypes float32,bfloat16] [--engines local,local-hf,generate[,vllm]]
+                       [--trainer-dtype auto] [--batch 64] [--group 1] [--max-new-tokens 24] [--repeats 3]
                        [--threads 1] [--out DIR]
 
 Why both in one run: `rollout.dtype` trades generation speed against the gap between the
@@ -11,10 +11,13 @@ Decoupled PPO corrects for that gap (the behaviour weight exp(p − b)), so a fa
 is worth it only if the gap it opens stays small next to the policy's own staleness.
 
 Throughput arms, on the same prompts (chat-templated "What is a + b?", encoded as the
-rollout worker encodes its prompts), the same weights (the bfloat16 model is a cast of the
+rollout worker encodes its prompts; with `--group G`, batch / G distinct prompts each asked
+G times, as a run's groups of gconfig.n_samples), the same weights (the bfloat16 model is a cast of the
 float32 one, as a worker's copy is) and the same sampling settings (temperature 1, top-p 1,
 no top-k), for each dtype:
-  - local:    `LocalEngine` + `a3po.rollout.generate`, one batch of `--batch` requests;
+  - local:    `LocalEngine` + `a3po.rollout.generate`, one batch of `--batch` requests, on the
+              forward `rollout.forward=auto` picks (a3po's KV decoder for Llama and Qwen2);
+  - local-hf: the same on the model's Hugging Face forward (`rollout.forward=hf`);
   - generate: `model.generate(do_sample=True)` on the same batch, left-padded with a mask;
   - vllm:     `VLLMEngine` (rollout.backend=vllm), one engine per dtype started once before the
               timing (its start-up, compilation included, is reported apart), the same requests
@@ -22,9 +25,11 @@ no top-k), for each dtype:
 End-of-sequence stopping is off everywhere, so every row runs to `--max-new-tokens` and the
 arms' token counts must agree (checked). Arms alternate within each repeat, after one short
 untimed warm-up call each, so drifting machine load hits them alike; tokens/s is the median
-and min..max over `--repeats`.
+and min..max over `--repeats`. Next to it, the model GFLOP/s it achieved (bench/flops.py: the
+linear layers' matmuls for every prompt token and every sampled token but the last) and its
+share of a large matmul's rate in the arm's dtype, measured in this run at `--threads`.
 
-The gap: the completions each local or vLLM engine sampled in its first timed repeat are scored by
+The gap: the completions each local, local-hf or vLLM engine sampled in its first timed repeat are scored by
 the trainer's own code path, `TrainEngine.compute_logp` (actor dtype `--trainer-dtype`,
 resolved as `actor.dtype=auto` is: bfloat16 where the CPU computes it natively), temperature
 1. Over the generated tokens, with θ the trainer's and b the engine's log-probs: mean and max
@@ -57,6 +62,7 @@ import torch
 
 from a3po.bench.args import ROLLOUT_ENGINES, RolloutBenchArgs
 from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
+from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate
 from a3po.config import ConfigError, load_config
 from a3po.data import Example
 from a3po.devices import native_bf16, resolve_dtype
@@ -86,25 +92,26 @@ class Arm:
 CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
 
 
-def arithmetic_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
-    """`n` short sums as token ids, through the chat template exactly as a rollout worker encodes its prompts."""
+def arithmetic_prompts(tokenizer, n: int, seed: int = 0, group: int = 1) -> list[list[int]]:
+    """`n` short sums as token ids, through the chat template exactly as a rollout worker encodes its prompts;
+    each of n / group questions `group` times in a row."""
     rng = random.Random(seed)
-    questions = [f"What is {rng.randint(1, 20)} + {rng.randint(1, 20)}?" for _ in range(n)]
-    return [encode_prompt(tokenizer, Example(q, "", i), None) for i, q in enumerate(questions)]
+    questions = [f"What is {rng.randint(1, 20)} + {rng.randint(1, 20)}?" for _ in range(n // group)]
+    return [encode_prompt(tokenizer, Example(q, "", i), None) for i, q in enumerate(questions) for _ in range(group)]
 
 
-def local_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
+def local_sample(model, forward: str, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
     """One batch on a fresh engine whose batch holds every request, end-of-sequence stopping off."""
-    engine = LocalEngine(model, eos_token_ids=[], pad_id=pad_id, max_batch=len(prompts), seed=seed)
+    engine = LocalEngine(model, eos_token_ids=[], max_batch=len(prompts), seed=seed, forward=forward)
     requests = [GenerationRequest(p, max_new_tokens, rid=i, seed=seed * 100_003 + i) for i, p in enumerate(prompts)]
     return generate(engine, requests)
 
 
-def updating_sample(model, pad_id: int, every: int, reprefill: bool, prompts: list[list[int]], max_new_tokens: int,
+def updating_sample(model, every: int, reprefill: bool, prompts: list[list[int]], max_new_tokens: int,
                     seed: int) -> list[Completion]:
     """`local_sample` while new weights (the model's own, as fp32 copies) arrive every `every` decode steps."""
     weights = {k: v.float().clone() for k, v in model.state_dict().items()}
-    engine = LocalEngine(model, eos_token_ids=[], pad_id=pad_id, max_batch=len(prompts), seed=seed,
+    engine = LocalEngine(model, eos_token_ids=[], max_batch=len(prompts), seed=seed,
                          reprefill_on_update=reprefill)
     for i, p in enumerate(prompts):
         engine.submit(GenerationRequest(p, max_new_tokens, rid=i, seed=seed * 100_003 + i))
@@ -153,7 +160,7 @@ def samplers(base, tokenizer, args: RolloutBenchArgs, stack: ExitStack) -> tuple
     update_dtype = resolve_dtype("auto", CPU)
     pad_id = tokenizer.pad_token_id
     models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in {*args.dtypes, update_dtype}}
-    fns = {"local": local_sample, "generate": hf_sample}
+    forwards = {"local": "auto", "local-hf": "hf"}  # rollout.forward of each local arm
     arms: dict[Arm, Sampler] = {}
     started: dict[str, float] = {}
     for d in args.dtypes:
@@ -163,11 +170,13 @@ def samplers(base, tokenizer, args: RolloutBenchArgs, stack: ExitStack) -> tuple
                 engine, started[d] = start_vllm(models[d], tokenizer, d, args.batch, args.threads, stack)
                 progress(f"  vLLM ({d}) ready in {started[d]:.1f} s")
                 arms[Arm(e, d)] = partial(vllm_sample, engine)
+            elif e == "generate":
+                arms[Arm(e, d)] = partial(hf_sample, models[d], pad_id)
             else:
-                arms[Arm(e, d)] = partial(fns[e], models[d], pad_id)
+                arms[Arm(e, d)] = partial(local_sample, models[d], forwards[e])
     if args.update_every and "local" in args.engines:
         for mode in UPDATE_MODES:
-            arms[Arm(f"update:{mode}", update_dtype)] = partial(updating_sample, models[update_dtype], pad_id,
+            arms[Arm(f"update:{mode}", update_dtype)] = partial(updating_sample, models[update_dtype],
                                                                 args.update_every, mode == "reprefill")
     return arms, started
 
@@ -203,9 +212,11 @@ def logprob_gap(trainer: TrainEngine, completions: list[Completion]) -> dict:
             "k3_kl": float((d.exp() - d - 1).mean())}
 
 
-def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str]) -> list[dict]:
-    """One row per arm: tokens/s spread, seconds per call, and its speed against generate, against the
-    local engine (vLLM's rows) and against the same engine in the first dtype."""
+def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str], flops: float,
+             rates: dict[str, float]) -> list[dict]:
+    """One row per arm: tokens/s spread, seconds per call, model GFLOP/s and its share of the matmul rate
+    in the arm's dtype, and its speed against generate, against the local engine (vLLM's and
+    local-hf's rows) and against the same engine in the first dtype."""
     med = {a: statistics.median(tokens / s for s in t) for a, t in secs.items()}
 
     def over(arm: Arm, other: Arm) -> float | None:
@@ -213,12 +224,14 @@ def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str]) -> li
 
     rows = []
     for arm, t in secs.items():
-        sampler = arm.engine in ("local", "vllm")
+        sampler = arm.engine in ("local", "local-hf", "vllm")
+        gflops = flops / statistics.median(t) / 1e9
         rows.append({
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
             **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
+            "gflops": gflops, "of_matmul": gflops / rates[arm.dtype],
             "over_generate": over(arm, Arm("generate", arm.dtype)) if sampler else None,
-            "over_local": over(arm, Arm("local", arm.dtype)) if arm.engine == "vllm" else None,
+            "over_local": over(arm, Arm("local", arm.dtype)) if arm.engine in ("vllm", "local-hf") else None,
             "over_first_dtype": (1.0 if arm.dtype == dtypes[0] else over(arm, Arm(arm.engine, dtypes[0])))
             if not arm.engine.startswith("update:") else None,
         })
@@ -242,9 +255,13 @@ def run(args: RolloutBenchArgs) -> dict:
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_model(args.model)
     out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind
-    prompts = arithmetic_prompts(tok, args.batch)
+    prompts = arithmetic_prompts(tok, args.batch, group=args.group)
     progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
              f"engines {','.join(args.engines)}, {args.threads} thread(s); writing to {out}")
+    rates = {}
+    for d in sorted({*args.dtypes, resolve_dtype("auto", CPU)}):
+        rates[d] = matmul_rate(DTYPES[d])
+        progress(f"  matmul rate, {d}, {args.threads} thread(s): {rates[d]:.0f} GFLOP/s")
     with ExitStack() as engines:  # vLLM engines, closed (their /dev/shm folders removed) however this ends
         arms, vllm_start = samplers(base, tok, args, engines)
         progress(f"  {len(arms)} arms x {args.repeats} repeats")
@@ -254,12 +271,14 @@ def run(args: RolloutBenchArgs) -> dict:
     trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
                           temperature=1.0)
     gaps = [{"engine": a.engine, "dtype": a.dtype, **logprob_gap(trainer, first[a])}
-            for a in first if a.engine in ("local", "vllm")]
-    rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes)
+            for a in first if a.engine in ("local", "local-hf", "vllm")]
+    rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes,
+                    generation_flops(base, [len(p) for p in prompts], args.max_new_tokens), rates)
     local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == "local"}
     record = {
         "benchmark": "rollout", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
-        "batch": args.batch, "max_new_tokens": args.max_new_tokens, "prompt_len": [min(map(len, prompts)),
+        "batch": args.batch, "group": args.group, "max_new_tokens": args.max_new_tokens, "matmul_gflops": rates,
+        "prompt_len": [min(map(len, prompts)),
                                                                                      max(map(len, prompts))],
         "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "engines": args.engines,
         "trainer_dtype": trainer_dtype, "vllm_start_s": vllm_start,
@@ -282,21 +301,27 @@ def _ratio(rows: list[dict], a: str, b: str) -> float | None:
 def markdown(r: dict) -> str:
     first = r["dtypes"][0]
     lines = [
-        f"### Rollout throughput, {r['batch']} requests x {r['max_new_tokens']} new tokens",
+        f"### Rollout throughput, {r['batch']} requests x {r['max_new_tokens']} new tokens"
+        + (f", {r['batch'] // r['group']} prompts x {r['group']} samples" if r["group"] > 1 else ""),
         "",
         (f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['threads']} thread(s), median of "
          f"{r['repeats']} repeats (arms alternated), temperature 1, no end-of-sequence stop, prompts of "
          f"{r['prompt_len'][0]}-{r['prompt_len'][1]} tokens; torch {r['torch']}; {machine_line(r['machine'])}; "
-         f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end."),
+         f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end. "
+         "GFLOP/s: the model's linear-layer matmuls (bench/flops.py); of matmul: its share of a "
+         f"{MATMUL_SIZE}x{MATMUL_SIZE} matmul's rate in the same dtype and thread count, measured in this run ("
+         + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in r["matmul_gflops"].items()) + ")."),
         "",
-        f"| engine | dtype | tokens | tok/s | min..max | per call | vs generate | vs local | vs {first} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| engine | dtype | tokens | tok/s | min..max | per call | GFLOP/s | of matmul | vs generate | vs local "
+        f"| vs {first} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in r["arms"]:
         ratios = " | ".join(f"{a[k]:.2f}x" if a[k] is not None else "-"
                             for k in ("over_generate", "over_local", "over_first_dtype"))
         lines.append(f"| {a['engine']} | {a['dtype']} | {a['tokens']} | {a['tok_per_s_median']:.1f} "
-                     f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} | {ratios} |")
+                     f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} "
+                     f"| {a['gflops']:.0f} | {a['of_matmul']:.0%} | {ratios} |")
     if r["vllm_start_s"]:
         lines += ["", "vLLM start-up, before the timing (compilation included): " + ", ".join(
             f"{d} {s:.1f} s" for d, s in r["vllm_start_s"].items()) + "."]
@@ -308,7 +333,7 @@ def markdown(r: dict) -> str:
         f"### Behaviour log-probs b against the trainer's θ ({r['trainer_dtype']})",
         "",
         (f"`TrainEngine.compute_logp` (actor.dtype={r['trainer_dtype']}, temperature 1) on the completions each "
-         "local or vLLM engine sampled in its first timed repeat, over the generated tokens; "
+         "local, local-hf or vLLM engine sampled in its first timed repeat, over the generated tokens; "
          "k3 = mean(exp(θ − b) − (θ − b) − 1) estimates KL(behaviour ‖ trainer)."),
         "",
         "| engine | rollout dtype | tokens | mean abs(θ − b) | max abs(θ − b) | k3 KL |",

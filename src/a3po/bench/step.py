@@ -12,6 +12,9 @@ Two measurements:
   1. the step: wall time of `ppo_update`, split into the proximal forward pass
      (`perf/prox_logp_s`), forward/backward and optimizer (`perf/optimizer_s`), for each
      method at each minibatch count (reuse only at one: the config refuses it otherwise);
+     forward/backward also as model GFLOP/s (bench/flops.py: 6 FLOPs per linear weight per
+     token) and as a share of a large matmul's rate in the same dtype and thread count,
+     measured in this run;
   2. the proximal computation alone: the recompute forward pass against
      `proximal_logp(loglinear | linear)` on the same batch's log-probs.
 """
@@ -29,7 +32,8 @@ import torch
 
 from a3po.algo import proximal_logp
 from a3po.bench.args import StepBenchArgs
-from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
+from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
+from a3po.bench.flops import MATMUL_SIZE, matmul_rate, training_flops
 from a3po.config import load_config
 from a3po.devices import resolve_dtype
 from a3po.models import load_policy
@@ -92,6 +96,10 @@ def run(args: StepBenchArgs) -> dict:
         return engine
 
     batch = fixed_batch(base, len(tok), fresh_engine(arms[0]), args)
+    rate = matmul_rate(getattr(torch, dtype))
+    flops = training_flops(base, batch.input_ids.numel())
+    progress(f"  matmul rate, {dtype}, {args.threads} thread(s): {rate:.0f} GFLOP/s; "
+             f"forward/backward {flops / 1e12:.2f} TFLOP per step")
     progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
              f"(+{args.warmup} warm-up), {args.threads} thread(s), {dtype}; writing to {out}")
 
@@ -122,11 +130,12 @@ def run(args: StepBenchArgs) -> dict:
         s = samples[(method, m)]
         ref = samples.get(("recompute", m))
         med = statistics.median(s["step"])
+        fwd_bwd = statistics.median(t - o for t, o in zip(s["train"], s["optimizer"]))
         steps.append({
             "method": method, "minibatches": m, **spread(s["step"], "step"),
             "prox_logp_s": statistics.median(s["prox"]),
             "forwards": max(s["forwards"]),  # model forward passes in one step (every micro-batch counts)
-            "fwd_bwd_s": statistics.median(t - o for t, o in zip(s["train"], s["optimizer"])),
+            "fwd_bwd_s": fwd_bwd, "fwd_bwd_gflops": flops / fwd_bwd / 1e9, "of_matmul": flops / fwd_bwd / 1e9 / rate,
             "optimizer_s": statistics.median(s["optimizer"]),
             "other_s": statistics.median(st - t - p for st, t, p in zip(s["step"], s["train"], s["prox"])),
             "prox_share": statistics.median(p / t for p, t in zip(s["prox"], s["step"])),
@@ -146,6 +155,7 @@ def run(args: StepBenchArgs) -> dict:
     record = {
         "benchmark": "step", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
         "dtype": dtype, "batch": B, "seq": T, "torch": torch.__version__, "args": asdict(args),
+        "machine": machine(), "matmul_gflops": rate, "fwd_bwd_tflop": flops / 1e12,
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "steps": steps, "prox": prox,
     }
@@ -160,17 +170,21 @@ def markdown(r: dict) -> str:
         "",
         f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['dtype']}, {a['threads']} thread(s), "
         f"median of {a['repeats']} repeats after {a['warmup']} warm-up; staleness 0..{a['eta']}; torch {r['torch']}; "
-        f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end.",
+        f"{machine_line(r['machine'])}; load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} "
+        f"at end. fwd/bwd GFLOP/s: {r['fwd_bwd_tflop']:.2f} TFLOP of linear-layer matmuls per step (bench/flops.py) "
+        f"over the fwd/bwd time; of matmul: its share of a {MATMUL_SIZE}x{MATMUL_SIZE} {r['dtype']} matmul's rate "
+        f"at the same thread count, measured in this run ({r['matmul_gflops']:.0f} GFLOP/s).",
         "",
         "| prox method | minibatches | step (s) | min..max | forward passes | prox forward (s) | fwd/bwd (s) "
-        "| optimizer (s) | prox share | recompute / this |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| fwd/bwd GFLOP/s | of matmul | optimizer (s) | prox share | recompute / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["steps"]:
         sp = f"{s['speedup_vs_recompute']:.2f}x" if s["speedup_vs_recompute"] else "-"
         lines.append(f"| {s['method']} | {s['minibatches']} | {s['step_median_s']:.2f} "
                      f"| {s['step_min_s']:.2f}..{s['step_max_s']:.2f} | {s['forwards']} | {s['prox_logp_s']:.2f} "
-                     f"| {s['fwd_bwd_s']:.2f} | {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} |")
+                     f"| {s['fwd_bwd_s']:.2f} | {s['fwd_bwd_gflops']:.0f} | {s['of_matmul']:.0%} "
+                     f"| {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} |")
     lines += ["", "### Proximal log-probs alone, same batch", "",
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:

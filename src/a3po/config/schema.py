@@ -143,6 +143,10 @@ class RolloutConfig:
     dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where rollout.device "
                      "computes it natively (most CUDA GPUs, AVX512-BF16/AMX CPUs), else float32",
                      choices=("auto", "float32", "bfloat16"))
+    forward: str = opt("auto", "the local engine's forward pass: a3po (its own for Llama and Qwen2 models: a "
+                               "preallocated KV cache written in place, batched-matmul attention in fp32) or hf (the "
+                               "model's Hugging Face forward, any architecture); auto = a3po where the model is "
+                               "supported, else hf", choices=("auto", "a3po", "hf"))
     weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv "
                                         "(keep the KV cache older weights computed and continue with the new weights; "
                                         "log-probs stay exact, only the prefix is of older weights) or reprefill "

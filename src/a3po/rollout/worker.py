@@ -147,7 +147,7 @@ class _Worker:
                 use_fp32_head(model)
             self.engine = LocalEngine(
                 model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode, max_batch=max_batch,
-                pad_id=self.tok.pad_token_id, version=version,
+                version=version, forward=cfg.rollout.forward,
                 reprefill_on_update=cfg.rollout.weight_update == "reprefill",
             )
             self.engine.update_weights(weights, version)

@@ -11,8 +11,8 @@ from a3po.rollout.prompts import encode_prompt
 
 def evaluate(model, tokenizer, examples: list[Example], reward: RewardProcess, cfg: Config) -> dict[str, float]:
     """eval/accuracy: share of examples whose greedy completion scores >= 1; eval/reward: mean score."""
-    engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode,
-                         max_batch=64, pad_id=tokenizer.pad_token_id)
+    engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode, max_batch=64,
+                         forward=cfg.rollout.forward)
     requests = [
         GenerationRequest(encode_prompt(tokenizer, ex, cfg.train_dataset.system_prompt), cfg.gconfig.max_new_tokens,
                           rid=i, greedy=True, stop=tuple(cfg.gconfig.stop))
