@@ -40,7 +40,7 @@ def unsupported(model) -> str | None:
     rope = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)
     if rope not in STATIC_ROPE:
         return f"rope_type {rope!r} (supported: {', '.join(STATIC_ROPE)})"
-    if any(type(p) is not torch.nn.Parameter for p in model.parameters()):
+    if any(type(p.data) is not torch.Tensor for p in model.parameters()):
         return "parameters that are not plain tensors (sharded?)"
     return None
 
