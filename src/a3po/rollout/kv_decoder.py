@@ -12,15 +12,20 @@ plain batched matmul, and each step rebuilt masks and rotary tables. Here:
     by their KV head, in fp32 whatever the weight dtype: the cache itself is fp32, because
     converting a bf16 cache at every step cost more than the attention (twice the memory);
   - rotary cos/sin come from the model's own rotary module once per capacity, so every static
-    RoPE variant the model supports is computed as the model computes it.
-The weights are the model's own tensors, read at every call: `update_weights` on the model
-needs nothing here.
+    RoPE variant the model supports is computed as the model computes it;
+  - q, k, v and gate, up are one matmul each, and in bf16 on a CPU every matrix is kept in
+    oneDNN's blocked layout (10-30 % faster at 64 rows than repacking at every call);
+  - identical sequences in one prefill (a group's samples of one prompt) run once.
+Those fused and packed matrices are copies: after the model's weights change, the engine
+calls `weights_changed` (about 60 ms for SmolLM2 in bf16 on one Zen 4 core).
 
 `unsupported(model)` says why a model cannot run here (another architecture, sliding
 windows, dynamic RoPE); the engine then uses the Hugging Face forward (rollout/hf_forward.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +64,7 @@ class KVDecoder:
         self.keys: list[Tensor] = []  # per layer (rows, kv heads, capacity, head dim), fp32
         self.values: list[Tensor] = []
         self.cos = self.sin = torch.empty(0)  # (capacity, head dim) in the model's dtype
-        pack = self.device.type == "cpu" and self.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+        pack = self.device.type == "cpu" and self.dtype == torch.bfloat16 and _can_pack()
         attn, mlp = [layer.self_attn for layer in self.body.layers], [layer.mlp for layer in self.body.layers]
         self.qkv = [_Linear([a.q_proj, a.k_proj, a.v_proj], pack) for a in attn]
         self.out = [_Linear([a.o_proj], pack) for a in attn]
@@ -207,6 +212,17 @@ class _Linear:
             return F.linear(x, self.w, self.b)
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.w, self.b, "none", [], "")
         return y.view(*x.shape[:-1], -1)
+
+
+@functools.cache
+def _can_pack() -> bool:
+    """oneDNN's prepacked linear is a private torch op: used only where it exists and runs."""
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=torch.bfloat16), 1)
+        y = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 8, dtype=torch.bfloat16), w, None, "none", [], "")
+        return bool((y == 8).all())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _norm(norm, x: Tensor) -> Tensor:
