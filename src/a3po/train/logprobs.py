@@ -107,9 +107,10 @@ def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperat
 
 
 # On a CPU, up to this many tokens per sequence the model's plain matmul attention ("eager") runs the
-# step faster than the fused scaled-dot-product kernel, whose backward dominated attention: measured on
-# SmolLM2, bf16, one Zen 4 thread, 8 x 104 tokens 5.79 s against 6.56 s a step; even at 512 tokens, and
-# slower at 1,040 (13.4 s against 12.3 s). Its cost is memory: B x heads x T^2 attention weights per layer.
+# step faster than the fused scaled-dot-product kernel, whose backward was 11 % of a step: SmolLM2, bf16,
+# one Zen 4 thread, 8 x 104 tokens, a step took 5.64 s against 5.97 s (medians of 4 alternated pairs);
+# about even at 512 tokens, slower at 1,040 (13.4 s against 12.3 s). Its cost is memory: B x heads x T^2
+# attention weights per layer.
 CPU_EAGER_ATTENTION_MAX_LEN = 256
 
 
@@ -124,14 +125,14 @@ class PolicyLogp(torch.nn.Module):
         super().__init__()
         self.model = model
         self.temperature, self.autocast_dtype, self.fp32_head = temperature, autocast_dtype, fp32_head
-        self.attention = model.config._attn_implementation  # the model's own choice, for everything else
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, pred_mask: Tensor,
                 with_entropy: bool = True) -> tuple[Tensor, Tensor]:
         """Log-probs and entropy (N,) of the tokens `pred_mask` (B, T-1) marks: position i predicts token i + 1."""
         device = input_ids.device.type
-        short = device == "cpu" and input_ids.shape[1] <= CPU_EAGER_ATTENTION_MAX_LEN
-        self.model.config._attn_implementation = "eager" if short else self.attention  # read by every layer's call
+        if device == "cpu":  # every layer reads this at call time, a checkpointed one again in the backward pass
+            short = input_ids.shape[1] <= CPU_EAGER_ATTENTION_MAX_LEN
+            self.model.config._attn_implementation = "eager" if short else "sdpa"
         with torch.autocast(device, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             hidden = self.model.base_model(input_ids=input_ids,
                                            attention_mask=attention_mask.long()).last_hidden_state  # (B, T, H)
