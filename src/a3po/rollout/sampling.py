@@ -6,10 +6,12 @@ probability of the draw. Each row draws with one uniform from its own generator,
 inverse CDF: a request's samples depend on its seed only, not on which other requests
 share the batch (continuous batching gives the same samples as one request at a time).
 
-Why two levels: the vocabulary (49k for SmolLM2) is read once in fp32 for the maximum and
-once for exp(z - max), summed in blocks of BLOCK tokens; the inverse CDF then walks the
-few hundred block sums and the BLOCK tokens of one block in float64. A float64 cumulative
-sum over the whole vocabulary per row per step cost more than the rest of sampling together.
+Why two levels: the vocabulary (49k for SmolLM2) is read by one fused fp32 softmax and once
+more to sum it in blocks of BLOCK tokens; the inverse CDF then walks the few hundred block
+sums and the BLOCK tokens of one block in float64. A float64 cumulative sum over the whole
+vocabulary per row per step cost more than the rest of sampling together. The log-prob is
+log p of the drawn token, whose fp32 relative rounding (1e-7) is far below anything that
+matters to an importance weight.
 """
 
 from __future__ import annotations
@@ -25,41 +27,37 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, gr
     """One token per row and its log-prob: (B,) long, (B,) float. Greedy rows take the argmax of
     the raw logits and report the raw model's log-prob (their temperature, top-k, top-p unused)."""
     on, temperature, top_k, top_p = (t.to(logits.device) for t in (greedy, temperature, top_k, top_p))
-    z = _processed(logits.float(), temperature.masked_fill(on, 1.0), top_k.masked_fill(on, 0),
-                   top_p.masked_fill(on, 1.0))
-    top, best = z.max(-1)  # (B,) each
-    e = torch.exp(z - top[:, None])  # (B, V), at most 1
-    B, V = e.shape
+    z = _processed(logits, temperature.masked_fill(on, 1.0), top_k.masked_fill(on, 0), top_p.masked_fill(on, 1.0))
+    p = torch.softmax(z, dim=-1, dtype=torch.float32)  # (B, V), one fused pass
+    B, V = p.shape
     pad = -V % BLOCK
-    blocks = torch.nn.functional.pad(e, (0, pad)).view(B, -1, BLOCK) if pad else e.view(B, -1, BLOCK)
-    sums = blocks.sum(-1, dtype=torch.float64)  # (B, V / BLOCK)
+    blocks = (torch.nn.functional.pad(p, (0, pad)) if pad else p).view(B, -1, BLOCK)
+    sums = blocks.sum(-1).double()  # (B, V / BLOCK)
     cum = sums.cumsum(-1)
-    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(e.device)
-    target = u * cum[:, -1]  # (B,) in [0, total)
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(p.device)
+    target = u * cum[:, -1]  # (B,) in [0, total), the total being 1 up to rounding
     block = torch.searchsorted(cum, target[:, None], right=True).clamp(max=cum.shape[1] - 1)  # (B, 1)
+    inner = blocks[torch.arange(B, device=p.device), block[:, 0]].double().cumsum(-1)  # (B, BLOCK)
     rest = target[:, None] - (cum.gather(1, block) - sums.gather(1, block))  # mass still to walk inside the block
-    inner = blocks[torch.arange(B, device=e.device), block[:, 0]].double().cumsum(-1)  # (B, BLOCK)
-    within = torch.searchsorted(inner, rest, right=True).clamp(max=BLOCK - 1)
-    tokens = (block * BLOCK + within)[:, 0]
-    tokens = torch.where(on | (tokens >= V), best, tokens)
-    chosen = z.gather(1, tokens[:, None])[:, 0]
-    bad = ~torch.isfinite(chosen)  # rounding past the last token with any mass
-    if bad.any():
-        tokens = torch.where(bad, best, tokens)
-        chosen = z.gather(1, tokens[:, None])[:, 0]
-    logp = chosen - top - torch.log(cum[:, -1]).to(z.dtype)  # z - logsumexp(z)
-    return tokens, logp
+    rest = torch.minimum(rest.clamp(min=0), inner[:, -1:] * (1 - 2**-40))  # the sums and this cumsum round apart
+    tokens = (block * BLOCK + torch.searchsorted(inner, rest, right=True))[:, 0]  # a token with mass in p
+    if on.any():
+        tokens = torch.where(on, p.argmax(-1), tokens)
+    chosen = p.gather(1, tokens[:, None])[:, 0]
+    return tokens, torch.log(chosen)
 
 
 def _processed(z: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Temperature, then top-k and top-p as -inf: the logits of the distribution that is sampled."""
+    """Temperature, then top-k and top-p as -inf: the logits of the distribution that is sampled (fp32,
+    or the logits themselves when nothing applies)."""
     if (temperature != 1).any():
-        z = z / temperature[:, None]
+        z = z.float() / temperature[:, None]
     V = z.shape[-1]
     use_k = (top_k > 0) & (top_k < V)
     use_p = top_p < 1.0
     if not (use_k.any() or use_p.any()):
         return z
+    z = z.float()
     sorted_z, order = z.sort(dim=-1, descending=True)  # (B, V)
     rank = torch.arange(V, device=z.device)[None]
     keep = ~use_k[:, None] | (rank < top_k[:, None])
