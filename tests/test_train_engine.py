@@ -218,3 +218,19 @@ def test_gradient_checkpointing_gives_the_same_update(tiny):
     ckpt.ppo_update(batch)
     wa, wb = weights(plain.model), weights(ckpt.model)
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_short_sequences_on_a_cpu_use_plain_attention_with_the_same_logprobs_and_grads(tiny, monkeypatch):
+    model, tok = tiny
+    batch = collate([Trajectory(list(range(10, 30)), list(range(40, 52)), [0.0] * 12, [0] * 12)] * 2)
+    results = {}
+    for limit, expected in ((logprobs_mod.CPU_EAGER_ATTENTION_MAX_LEN, "eager"), (0, "sdpa")):
+        monkeypatch.setattr(logprobs_mod, "CPU_EAGER_ATTENTION_MAX_LEN", limit)
+        engine = TrainEngine(copy.deepcopy(model), actor_cfg(), 1)
+        logp = engine.compute_logp(batch)
+        assert engine.model.config._attn_implementation == expected  # as the last forward chose
+        loss = engine.policy(batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:])[0].sum()
+        loss.backward()
+        results[expected] = logp, engine.model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+    assert torch.allclose(results["eager"][0], results["sdpa"][0], atol=1e-5)
+    assert torch.allclose(results["eager"][1], results["sdpa"][1], atol=1e-5, rtol=1e-4)
