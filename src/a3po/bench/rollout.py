@@ -76,6 +76,7 @@ from a3po.train.run import unique_dir
 from a3po.trajectories import Trajectory, collate
 
 UPDATE_MODES = ("keep_kv", "reprefill")  # rollout.weight_update, as engines "update:<mode>"
+SAMPLERS = ("local", "local-hf", "vllm")  # the engines that report log-probs (generate only times)
 Sampler = Callable[[list[list[int]], int, int], list[Completion]]  # (prompts, max_new_tokens, seed) -> completions
 
 
@@ -224,7 +225,7 @@ def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str], flops
 
     rows = []
     for arm, t in secs.items():
-        sampler = arm.engine in ("local", "local-hf", "vllm")
+        sampler = arm.engine in SAMPLERS
         gflops = flops / statistics.median(t) / 1e9
         rows.append({
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
@@ -271,15 +272,14 @@ def run(args: RolloutBenchArgs) -> dict:
     trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
                           temperature=1.0)
     gaps = [{"engine": a.engine, "dtype": a.dtype, **logprob_gap(trainer, first[a])}
-            for a in first if a.engine in ("local", "local-hf", "vllm")]
+            for a in first if a.engine in SAMPLERS]
     rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes,
                     generation_flops(base, [len(p) for p in prompts], args.max_new_tokens), rates)
     local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == "local"}
     record = {
         "benchmark": "rollout", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
         "batch": args.batch, "group": args.group, "max_new_tokens": args.max_new_tokens, "matmul_gflops": rates,
-        "prompt_len": [min(map(len, prompts)),
-                                                                                     max(map(len, prompts))],
+        "prompt_len": [min(map(len, prompts)), max(map(len, prompts))],
         "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "engines": args.engines,
         "trainer_dtype": trainer_dtype, "vllm_start_s": vllm_start,
         "machine": {**machine(), "native_bf16": native_bf16(CPU)}, "torch": torch.__version__, "args": asdict(args),
