@@ -17,8 +17,8 @@ import torch
 from a3po.algo import normalize_advantages
 from a3po.config import load_config
 from a3po.models import load_policy
-from a3po.train import parallel, ranks
-from a3po.train.engine import TrainEngine
+from a3po.trainer import checkpoint, parallel, ranks
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 # two minibatches of 5 rows and a small token budget: the ranks get unequal rows and micro-batch counts
@@ -56,12 +56,12 @@ def main() -> None:
     engine = ranks.build_engine(cfg, model, torch.device("cpu"), dp)
     try:
         if rank > 0:
-            dp.follow(engine)
+            dp.follow(ranks.follower_commands(engine))
             return
         if args.resume:
-            engine.load(args.resume)
+            checkpoint.load_engine(engine, args.resume)
         stats = [engine.ppo_update(b) for b in batches]
-        engine.save(args.out)
+        checkpoint.save_engine(engine, args.out)
         (Path(args.out) / "stats.json").write_text(json.dumps(stats))
         dp.stop()
     finally:

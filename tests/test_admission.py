@@ -7,8 +7,8 @@ starts at slot v * B; each version's batch is its own B consecutive slots.
 """
 
 from a3po.config import load_config
-from a3po.train.admission import Admission
-from a3po.train.controller import MAX_SEQUENCES_IN_FLIGHT, max_running_groups
+from a3po.pipeline.admission import Admission
+from a3po.pipeline.controller import MAX_SEQUENCES_IN_FLIGHT, max_running_groups
 
 
 def drain(adm: Admission, version: int) -> list[int]:

@@ -19,9 +19,18 @@ import torch
 from conftest import actor_cfg
 
 from a3po.models import load_policy
-from a3po.train import checkpoint
-from a3po.train.checkpoint import CheckpointError, checkpoints, latest_checkpoint, load_run_state, save_checkpoint
-from a3po.train.engine import STATE_FILE, TrainEngine
+from a3po.trainer import checkpoint
+from a3po.trainer.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    checkpoints,
+    latest_checkpoint,
+    load_engine,
+    load_run_state,
+    save_checkpoint,
+    save_engine,
+)
+from a3po.trainer.engine import TrainEngine
 
 
 def new_engine(model) -> TrainEngine:
@@ -74,7 +83,7 @@ def test_trainer_state_loads_with_weights_only_and_restores_everything(tiny, tmp
     assert state["version"] == 1 and state["optimizer"]["state"]
     b = new_engine(model)
     torch.manual_seed(0)
-    b.load(ckpt)
+    load_engine(b, ckpt)
     assert b.version == 1 and b.scheduler.state_dict() == a.scheduler.state_dict()
     for sa, sb in zip(a.optimizer.state.values(), b.optimizer.state.values(), strict=True):
         assert all(torch.equal(sa[k], sb[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
@@ -138,7 +147,7 @@ def test_no_loadable_checkpoint_is_one_line_error_without_warnings(run_with_two)
 def test_a_checkpoint_of_another_model_is_skipped(run_with_two):
     run, _, model = run_with_two
     wider, _ = load_policy("tiny-128x2")
-    new_engine(wider).save(run / "checkpoints" / "step_000002")
+    save_engine(new_engine(wider), run / "checkpoints" / "step_000002")
     _, ckpt, _, warnings = resume_fresh(run, model)
     assert ckpt.name == "step_000001" and "does not match the model" in warnings[0]
 
@@ -198,4 +207,4 @@ def test_pruning_keeps_the_newest_and_leaves_skipped_later_steps_to_be_overwritt
     save_checkpoint(run, 2, engine, None, {"step": 2, "data_cursor": 8}, keep=1)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]
     assert load_run_state(root / "step_000002")["step"] == 2
-    new_engine(model).load(root / "step_000002")  # readable again
+    load_engine(new_engine(model), root / "step_000002")  # readable again

@@ -183,8 +183,8 @@ def test_cli_config_prints_loadable_yaml(tmp_path):
 
 def test_variant_names_come_from_one_list_each_read_without_torch():
     from a3po.algo import variants
+    from a3po.algo.schedule import LR_SCHEDULES
     from a3po.bench.args import METHODS
-    from a3po.train.schedule import LR_SCHEDULES
 
     keys = all_keys()
     lists = {

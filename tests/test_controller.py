@@ -26,9 +26,9 @@ from a3po.config import load_config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.data.tasks import Example
-from a3po.rollout.pool import Lost, WorkerError
+from a3po.pipeline.controller import Controller
+from a3po.pipeline.pool import Lost, WorkerError
 from a3po.rollout.worker import GroupDone, LoadWeights, Ready, Stop, WeightsLoaded, Work
-from a3po.train.controller import Controller
 from a3po.trajectories import Trajectory
 
 

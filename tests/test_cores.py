@@ -1,4 +1,4 @@
-"""The trainer borrows idle workers' threads layer by layer (train/cores.py), on a real tiny model:
+"""The trainer borrows idle workers' threads layer by layer (pipeline/cores.py), on a real tiny model:
 the thread count seen inside each decoder layer follows whether the workers are idle, in the
 forward pass, in the backward pass and in no-grad passes."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from a3po.models import load_policy
-from a3po.train.cores import CoreLender, decoder_layers
+from a3po.pipeline.cores import CoreLender, decoder_layers
 
 
 @pytest.fixture(autouse=True)

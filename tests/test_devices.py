@@ -16,7 +16,7 @@ from a3po.config import ConfigError, load_config
 from a3po.devices import native_bf16, resolve_device, resolve_dtype
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
-from a3po.train.engine import TrainEngine
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 CPU = torch.device("cpu")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from a3po.train.checkpoint import latest_checkpoint, load_run_state
+from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
 pytestmark = pytest.mark.slow
 

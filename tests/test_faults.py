@@ -90,7 +90,7 @@ SAMPLED = ("rollout/reward_mean", "rollout/response_len_mean", "rollout/truncate
 def test_a_trainer_killed_and_resumed_ends_where_a_run_never_stopped_ends(launch, tmp_path):
     from safetensors.torch import load_file
 
-    from a3po.train.checkpoint import latest_checkpoint, load_run_state
+    from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
     whole = launch(*SAME, "experiment_name=whole")
     assert whole.finish(timeout=300) == 0, whole.err[-3000:]

@@ -15,7 +15,7 @@ import torch
 from a3po.config import load_config
 from a3po.models.head import use_fp32_head
 from a3po.rollout.local import LocalEngine
-from a3po.train.engine import TrainEngine
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 

@@ -1,4 +1,4 @@
-"""The KL to the reference policy in real training steps (train/engine.py, train/loop.py stage 2).
+"""The KL to the reference policy in real training steps (trainer/engine.py, pipeline/loop.py stage 2).
 
 What this file proves, on the tiny model trained on-policy for six steps (the local rollout
 engine samples, the trainer's own stage 2 computes advantages, `ppo_update` trains, the
@@ -21,10 +21,10 @@ import torch
 
 from a3po.algo import kl_penalty, masked_mean, masked_sum, normalize_advantages
 from a3po.config import load_config
+from a3po.pipeline.loop import batch_with_advantages
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
-from a3po.train.engine import TrainEngine
-from a3po.train.loop import batch_with_advantages
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 STEPS, GROUP = 6, 4

@@ -17,7 +17,7 @@ from conftest import actor_cfg
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.sampling import sample
-from a3po.train.engine import TrainEngine
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 

@@ -1,4 +1,4 @@
-"""Data-parallel training on 2 gloo ranks (train/parallel.py), as real processes.
+"""Data-parallel training on 2 gloo ranks (trainer/parallel.py), as real processes.
 
 Proves, for FSDP2 and DDP, under torchrun (tests/dp_run.py): one PPO step of 2 ranks, each on its
 share of the batch (unequal rows and micro-batch counts), equals the one-process step on the whole
@@ -26,8 +26,9 @@ from safetensors.torch import load_file
 
 from a3po.config import load_config
 from a3po.models import load_policy
-from a3po.train.engine import STATE_FILE, TrainEngine
-from a3po.train.parallel import free_port
+from a3po.trainer.checkpoint import STATE_FILE, save_engine
+from a3po.trainer.engine import TrainEngine
+from a3po.trainer.parallel import free_port
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -90,7 +91,7 @@ def test_two_ranks_update_as_one_process_and_resume_on_two(tmp_path, mode):
 
 def test_a_one_rank_checkpoint_does_not_resume_on_two(tmp_path):
     engine, _ = one_process([1])
-    engine.save(tmp_path / "one")
+    save_engine(engine, tmp_path / "one")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                           str(free_port()), str(HERE / "dp_run.py"), "ddp", str(tmp_path / "x"), "--resume",
                           str(tmp_path / "one")], capture_output=True, text=True, timeout=600,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from procs import TINY, Run, assert_one_clean_line, gone_within, lines_with, proc_stat, session_members, steps_logged
 
-from a3po.train.parallel import free_port
+from a3po.trainer.parallel import free_port
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from a3po import signals
 from a3po.config import load_config
 from a3po.launch.local import LocalLauncher
-from a3po.rollout.pool import READY_POLL_S, WorkerError, WorkerPool, describe_exit
+from a3po.pipeline.pool import READY_POLL_S, WorkerError, WorkerPool, describe_exit
 from a3po.sync import SharedWeights
 
 

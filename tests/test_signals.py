@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from procs import LONG, ORPHAN_EXIT_S, assert_one_clean_line, gone_within, metrics_steps, rollout_workers, steps_logged
 
-from a3po.train.checkpoint import latest_checkpoint, load_run_state
+from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
 pytestmark = pytest.mark.slow
 

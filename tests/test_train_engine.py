@@ -13,11 +13,12 @@ import pytest
 import torch
 from conftest import actor_cfg
 
-import a3po.train.logprobs as logprobs_mod
+import a3po.trainer.logprobs as logprobs_mod
 from a3po.algo import normalize_advantages, ppo_loss
-from a3po.train.engine import TrainEngine, micro_batches, minibatches
-from a3po.train.logprobs import token_logp_entropy
-from a3po.train.schedule import lr_schedule
+from a3po.algo.schedule import lr_schedule
+from a3po.trainer.checkpoint import load_engine, save_engine
+from a3po.trainer.engine import TrainEngine, micro_batches, minibatches
+from a3po.trainer.logprobs import token_logp_entropy
 from a3po.trajectories import Trajectory, collate
 
 
@@ -181,9 +182,9 @@ def test_save_load_round_trips_and_resume_equals_uninterrupted(tiny, tmp_path):
     cfg = actor_cfg("actor.optimizer.warmup_steps_proportion=0.5", "actor.optimizer.lr_scheduler_type=cosine")
     a = TrainEngine(copy.deepcopy(model), cfg, 6)
     a.ppo_update(batch)
-    a.save(tmp_path / "ckpt", tokenizer=tok)
+    save_engine(a, tmp_path / "ckpt", tokenizer=tok)
     b = TrainEngine(copy.deepcopy(model), cfg, 6)
-    b.load(tmp_path / "ckpt")
+    load_engine(b, tmp_path / "ckpt")
     wa, wb = weights(a.model), weights(b.model)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert b.version == a.version == 1

@@ -19,7 +19,7 @@ import torch
 from a3po.config import load_config
 from a3po.models import load_policy
 from a3po.rollout.engine import GenerationRequest, generate
-from a3po.train.engine import TrainEngine
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -254,7 +254,7 @@ def _leave(code: int) -> NoReturn:
 def _main(argv: list[str] | None) -> int:
     from a3po.allocator import keep_freed_memory
     from a3po.config import ConfigError, dump_yaml, load_config
-    from a3po.train.checkpoint import CheckpointError, resume_config
+    from a3po.trainer.checkpoint import CheckpointError, resume_config
 
     keep_freed_memory()
     parser = build_parser()
@@ -295,7 +295,7 @@ def _main(argv: list[str] | None) -> int:
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
         # the process (std::terminate) or was dropped. A stop waits until the import is done (1-3 s).
         with signals.deferred():
-            from a3po.train.run import train
+            from a3po.pipeline.run import train
 
         code = train(cfg, resume=args.resume)
         if program:

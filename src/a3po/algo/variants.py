@@ -6,7 +6,7 @@ These tuples are the only list of each variant's names: the config schema's `cho
 them at import by `implements`. They sit beside those tables rather than in them because
 the tables' modules import torch, which would add two seconds to every `a3po` command,
 `--help` included; this module imports nothing. (The learning-rate schedules need no
-torch, so their table in train/schedule.py is itself the list.)
+torch, so their table in algo/schedule.py is itself the list.)
 """
 
 from __future__ import annotations

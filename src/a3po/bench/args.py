@@ -15,6 +15,10 @@ ROLLOUT_ENGINES = ("local", "local-hf", "generate", "vllm")
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2", "ray")  # bench e2e's (e2e.py)
 E2E_DEFAULT_ARMS = ARM_NAMES[:-2]  # ranks2 and ray measure the launchers, not the method: asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
+# bench staleness's baseline arm, steady-state start and the reason other arms skip eta = 0 (staleness.py)
+BASELINE = "coupled"
+STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (the pipeline filling up)
+REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there, the coupled baseline stands for it"
 
 
 @dataclass

@@ -66,13 +66,13 @@ from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate
 from a3po.config import ConfigError, load_config
 from a3po.data import Example
 from a3po.devices import native_bf16, resolve_dtype
+from a3po.files import unique_dir
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout import Completion, GenerationRequest, generate, vllm_engine
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
 from a3po.rollout.worker import DTYPES
-from a3po.train.engine import TrainEngine
-from a3po.train.run import unique_dir
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 UPDATE_MODES = ("keep_kv", "reprefill")  # rollout.weight_update, as engines "update:<mode>"

@@ -30,7 +30,7 @@ from a3po.bench.args import TrainBenchArgs
 from a3po.bench.common import machine as common_machine
 from a3po.bench.common import progress
 from a3po.config import Config, ConfigError, dump_yaml
-from a3po.train.run import unique_dir
+from a3po.files import unique_dir
 
 RESULTS = "results.json"
 CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (README "What happens when things fail")

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from a3po.bench.args import STALENESS_ARMS, StalenessArgs
+from a3po.bench.args import BASELINE, REASON_ETA0, STALENESS_ARMS, STEADY_AFTER, StalenessArgs
 from a3po.bench.common import json_line, write_json
 from a3po.bench.report import approx_quality, mean_spread
 from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, mean, run_benchmark, summarize_run, training_steps
@@ -47,9 +47,6 @@ ARMS = {a.name: a for a in (
     Arm("reuse", "p = sg(theta), one minibatch only", ("actor.prox_logp_method=reuse",)),
 )}
 assert tuple(ARMS) == STALENESS_ARMS
-BASELINE = "coupled"
-STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (the pipeline filling up)
-REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there, the coupled baseline stands for it"
 REASON_REUSE = "reuse is exact only with one gradient step per sample (the configuration refuses it)"
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from a3po.bench.args import BASELINE, REASON_ETA0, STEADY_AFTER
 from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, save_figure
-from a3po.bench.staleness import BASELINE, REASON_ETA0, STEADY_AFTER
 
 # (key in a cell row, column title, format)
 TRAINING = (

@@ -36,10 +36,10 @@ from a3po.bench.common import fmt_s, machine, machine_line, print_report, progre
 from a3po.bench.flops import MATMUL_SIZE, matmul_rate, training_flops
 from a3po.config import load_config
 from a3po.devices import resolve_dtype
+from a3po.files import unique_dir
 from a3po.models import load_policy
-from a3po.rollout.pool import split_threads
-from a3po.train.engine import TrainEngine
-from a3po.train.run import unique_dir
+from a3po.pipeline.pool import split_threads
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU

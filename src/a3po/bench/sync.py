@@ -64,10 +64,10 @@ class _StoreReader:
 def run(args: SyncBenchArgs) -> dict:
     import ray
 
+    from a3po.files import unique_dir
     from a3po.models import load_policy
     from a3po.sync import SharedWeights
     from a3po.sync.object_store import ObjectStoreWeights
-    from a3po.train.run import unique_dir
 
     torch.set_num_threads(1)
     out = unique_dir(Path(args.out))

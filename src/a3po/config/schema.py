@@ -5,7 +5,7 @@ arguments) is exactly these defaults. Key names follow AReaL's where AReaL has o
 (`actor.prox_logp_method`, `rollout.max_head_offpolicyness`, `gconfig.n_samples`, ...)
 so that its users need not relearn them. The names of the algorithm's variants
 (`choices` of prox_logp_method, behav_imp_weight_mode, ...) are read from their one
-list each in a3po.algo.variants and a3po.train.schedule. Each field's `help` is shown by
+list each in a3po.algo.variants and a3po.algo.schedule. Each field's `help` is shown by
 `a3po train --help`; `choices` and the bounds `ge/gt/le/lt` are enforced at load time
 by `a3po.config.load`, which also checks the combinations in `check_consistency`.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from a3po.algo import variants
-from a3po.train.schedule import LR_SCHEDULES
+from a3po.algo.schedule import LR_SCHEDULES
 
 
 def opt(default: Any, help: str, **rules: Any) -> Any:

@@ -49,7 +49,7 @@ class LocalLauncher:
         return WorkerChannels(proc, inbox, reader, writer)
 
     def follower(self, rank: int, args: tuple):
-        from a3po.train.ranks import follower_main
+        from a3po.trainer.ranks import follower_main
 
         return self._ctx.Process(target=follower_main, args=args, name=f"a3po-rank-{rank}", daemon=True)
 

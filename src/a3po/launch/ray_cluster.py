@@ -177,7 +177,7 @@ class _Reader:
 
 def _follow(*args) -> int:
     """A trainer rank inside its actor: Ray shows an actor only the GPU it reserved, as cuda:0."""
-    from a3po.train.ranks import follow
+    from a3po.trainer.ranks import follow
 
     os.environ.setdefault("LOCAL_RANK", "0")
     return follow(*args)

@@ -11,7 +11,8 @@ renamed folder whose files are empty, which `latest` would then point at.
 Resuming tries `latest`'s checkpoint first and then the others, newest first: one that cannot
 be read (truncated, corrupt, half copied, made for another model) is skipped with a one-line
 warning, and when none can be read `CheckpointError` says so in one line. `resume_config`
-checks that a --resume folder is a run folder before torch is even imported.
+checks that a --resume folder is a run folder before torch is even imported. The trainer's
+state (`save_engine`, `load_engine`) is written and read here too, by every rank together.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from a3po.config import Config, load_config
+from a3po.files import atomic_write_text, fsync, fsync_tree
+
+if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not for resume_config
+    from torch import Tensor
+
+    from a3po.trainer.engine import TrainEngine
 
 RUN_STATE = "run_state.json"
+STATE_FILE = "trainer_state.pt"
 LATEST = "latest"
 
 
@@ -43,48 +52,19 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def _fsync(path: Path) -> None:
-    """Push a file's (or a folder's entries') bytes to the disk: a rename is durable only after its contents are."""
-    if os.name == "nt" and path.is_dir():  # Windows cannot open a folder to fsync it
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for p in sorted(folder.rglob("*"), reverse=True):  # files before the folders that list them
-        _fsync(p)
-    _fsync(folder)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a crash leaves either the old or the new file, never a torn one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent)
-
-
 def save_checkpoint(run_dir: Path, step: int, engine, tokenizer, run_state: dict, keep: int = 1) -> Path:
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    engine.save(tmp, tokenizer=tokenizer)
+    save_engine(engine, tmp, tokenizer=tokenizer)
     (tmp / RUN_STATE).write_text(json.dumps(run_state))
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     final = root / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    _fsync(root)
+    fsync(root)
     atomic_write_text(root / LATEST, name)
     _prune(root, step, keep)
     return final
@@ -155,7 +135,7 @@ def resume(run_dir: Path, engine, warn: Callable[[str], None]) -> tuple[Path, di
     for ckpt in checkpoints(run_dir):
         try:
             state = load_run_state(ckpt)
-            engine.load(ckpt)
+            load_engine(engine, ckpt)
         except Exception as e:  # see the docstring
             skipped.append(f"{ckpt.name}: {_reason(e)}")
             continue
@@ -178,3 +158,101 @@ def _reason(e: BaseException) -> str:
     if type(e) is ValueError and text:
         return text
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# -- the trainer's own state: weights, optimizer, scheduler, version, RNG ---------------------------
+
+def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> None:
+    """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume.
+
+    trainer_state.pt holds only tensors and plain types, so `load` can read it with weights_only=True.
+    With several ranks the optimizer state is gathered whole, keyed by parameter name (every rank
+    takes part; rank 0 writes)."""
+    import torch
+
+    if engine.dp is not None:
+        engine.dp.announce("save", directory, tokenizer)
+        optimizer = engine.dp.full_optimizer_state(engine.policy, engine.optimizer)
+        if not engine.dp.leader:
+            return
+    else:
+        optimizer = engine.optimizer.state_dict()
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    engine.full_model.save_pretrained(d, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(d)
+    torch.save({
+        "version": engine.version,
+        "optimizer": optimizer,
+        "ranks": engine.dp.world if engine.dp else 1,
+        "scheduler": engine.scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }, d / STATE_FILE)
+
+def load_engine(engine: TrainEngine, directory: str | Path) -> None:
+    """Restore what `save` wrote into this engine (same architecture, same config).
+
+    Everything is read and checked before anything is applied, so a checkpoint that turns
+    out unreadable leaves the engine as it was and resume can try an older one. With several
+    ranks, rank 0 tells the others to load the same folder once it has read it."""
+    import torch
+
+    d = Path(directory)
+    weights = _read_weights(d)
+    missing, unexpected = _mismatch(engine.model, weights)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {d} does not match the model: "
+                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    state = _read_state(d / STATE_FILE)
+    ranks, saved = (engine.dp.world if engine.dp else 1), state.get("ranks", 1)
+    if (ranks > 1) != (saved > 1):
+        raise ValueError(f"checkpoint {d} was written by {saved} trainer rank(s); resume it with "
+                         f"cluster.n_trainer_ranks={'1' if saved == 1 else 'N > 1'}")
+    if engine.dp is not None:
+        engine.dp.announce("load", directory)
+        engine.dp.load(engine.policy, engine.optimizer, {f"model.{k}": t for k, t in weights.items()},
+                     state["optimizer"])
+    else:
+        engine.optimizer.load_state_dict(state["optimizer"])
+    if engine.full_model is not None:
+        engine.full_model.load_state_dict(weights, strict=False)
+    engine.scheduler.load_state_dict(state["scheduler"])
+    engine.version = state["version"]
+    torch.set_rng_state(state["torch_rng"])
+
+
+def _read_state(path: Path) -> dict:
+    """weights_only: a run folder may come from someone else, and a full unpickle runs any code it holds.
+
+    torch's own message for a refused file suggests weights_only=False, the one thing not to do here."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path.name} is corrupt or holds more than tensors and plain values "
+                         "(refused unread: loading it could run code)") from None
+
+
+def _read_weights(d: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {d} has no *.safetensors weights")
+    weights = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
+def _mismatch(model, weights: dict[str, Tensor]) -> tuple[list[str], list[str]]:
+    """Names the checkpoint lacks (a tied lm_head aside) and names the model lacks, or shapes that differ."""
+    own = model.state_dict()
+    tied = model.config.tie_word_embeddings
+    missing = sorted(k for k in own if k not in weights and not (tied and k.endswith("lm_head.weight")))
+    unexpected = sorted(k for k in weights if k not in own or weights[k].shape != own[k].shape)
+    return missing, unexpected

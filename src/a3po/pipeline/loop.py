@@ -4,7 +4,7 @@
        slot order, waiting only if they are not finished yet;
     2. advantages: shaped rewards (less the KL to the reference with actor.kl_in_reward)
        -> group-relative advantages (algorithm core);
-    3. PPO update on the batch (train/engine.py): version v -> v + 1;
+    3. PPO update on the batch (trainer/engine.py): version v -> v + 1;
     4. weight sync: once every worker is past v - 1, publish v + 1 (shared memory, or Ray's object store);
     5. statistics for this step.
 
@@ -23,9 +23,9 @@ from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rew
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
-from a3po.rollout.pool import WorkerPool
-from a3po.train.controller import Controller
-from a3po.train.engine import TrainEngine
+from a3po.pipeline.controller import Controller
+from a3po.pipeline.pool import WorkerPool
+from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import TrainBatch, Trajectory, collate
 
 

@@ -27,20 +27,21 @@ from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
+from a3po.files import atomic_write_text, unique_dir
 from a3po.launch import check as check_launcher
 from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
+from a3po.pipeline.cores import CoreLender
+from a3po.pipeline.evaluate import evaluate
+from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
+from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
+from a3po.pipeline.sinks import Sinks, check_backends
 from a3po.rollout import vllm_engine
-from a3po.rollout.pool import WorkerError, WorkerPool, split_threads
 from a3po.signals import Stopped
-from a3po.train import parallel, ranks
-from a3po.train.checkpoint import CheckpointError, atomic_write_text, latest_checkpoint, save_checkpoint
-from a3po.train.checkpoint import resume as resume_checkpoint
-from a3po.train.cores import CoreLender
-from a3po.train.engine import TrainEngine
-from a3po.train.evaluate import evaluate
-from a3po.train.loop import RewardFailureError, StalenessError, Trainer
-from a3po.train.sinks import Sinks, check_backends
+from a3po.trainer import parallel, ranks
+from a3po.trainer.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from a3po.trainer.checkpoint import resume as resume_checkpoint
+from a3po.trainer.engine import TrainEngine
 
 USER_ERRORS = (ConfigError, DataError, ModelSourceError, CheckpointError)
 TRAINING_ERRORS = (WorkerError, RewardFailureError, StalenessError, FloatingPointError)
@@ -48,16 +49,6 @@ TRAINING_ERRORS = (WorkerError, RewardFailureError, StalenessError, FloatingPoin
 
 def new_run_dir(cfg: Config) -> Path:
     return unique_dir(Path(cfg.fileroot) / cfg.experiment_name)
-
-
-def unique_dir(base: Path) -> Path:
-    """Create base, or base-2, base-3, ... if taken: a new run never writes into an old one."""
-    path, k = base, 1
-    while path.exists():
-        k += 1
-        path = base.with_name(f"{base.name}-{k}")
-    path.mkdir(parents=True)
-    return path
 
 
 def say(msg: str) -> None:

@@ -7,7 +7,7 @@
     ctl.wait_loaded(v - 1)             # every worker is past v - 1: its buffer may be overwritten
     weights.publish(...); ctl.publish(v + 1)
 
-It owns admission (train/admission.py), the buffer of finished groups, dynamic-filtering
+It owns admission (pipeline/admission.py), the buffer of finished groups, dynamic-filtering
 refills and the data position of every group in flight; the trainer reaches them only
 through the methods above, each under one lock. Because admission runs on this thread,
 new groups start while the trainer computes advantages, the update, weight sync,
@@ -41,9 +41,9 @@ from a3po import signals
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
-from a3po.rollout.pool import Lost, WorkerError
+from a3po.pipeline.admission import Admission
+from a3po.pipeline.pool import Lost, WorkerError
 from a3po.rollout.worker import GroupDone, Ready, WeightsLoaded, Work
-from a3po.train.admission import Admission
 
 MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
 NOT_LOADED = -2  # acknowledged version of a worker that is being replaced: below every version waited for

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -118,22 +119,22 @@ class DataParallel:
     # -- commands from rank 0 ----------------------------------------------------------------
 
     def announce(self, name: str, *args) -> None:
-        """Rank 0: the followers are to run `engine.<name>(*args)` now, as rank 0 is about to."""
+        """Rank 0: the followers are to run their command `name` on `args` now, as rank 0 is about to."""
         if self.leader:
             dist.broadcast_object_list([(name, args)], src=0, group=self.commands)
 
     def stop(self) -> None:
         self.announce("stop")
 
-    def follow(self, engine) -> None:
-        """Ranks 1..N-1: run rank 0's commands on `engine` until it says stop."""
+    def follow(self, commands: dict[str, Callable[..., object]]) -> None:
+        """Ranks 1..N-1: run rank 0's commands (`follower_commands`) until it says stop."""
         while True:
             box = [None]
             dist.broadcast_object_list(box, src=0, group=self.commands)
             name, args = box[0]
             if name == "stop":
                 return
-            getattr(engine, name)(*args)
+            commands[name](*args)
 
 
 def init(rank: int, world: int, mode: str, timeout_s: float, device: torch.device,

@@ -12,12 +12,12 @@ One training step (`ppo_update`) reads top to bottom:
 
 With actor.kl_ctl > 0 a frozen copy of the initial weights is the reference policy. Its KL
 is added to the loss per token, or with actor.kl_in_reward charged to the rewards through
-`reference_kl`, which the trainer calls before it computes advantages (train/loop.py).
+`reference_kl`, which the trainer calls before it computes advantages (pipeline/loop.py).
 
 Weights stay fp32 (master copy); with dtype=bfloat16 the forward/backward run under
 autocast, about 3x faster on CPUs with AMX/AVX512-BF16 (docs/design.md §8) but 10-16x slower on
 AVX2-only CPUs, hence dtype=auto. Log-probs are computed only on output
-tokens and one vocabulary chunk at a time (train/logprobs.py). The micro-batch token
+tokens and one vocabulary chunk at a time (trainer/logprobs.py). The micro-batch token
 budget counts padded tokens, so micro-batches are formed from length-sorted rows and
 trimmed to their own longest row (tight padding).
 """
@@ -25,10 +25,8 @@ trimmed to their own longest row (tight padding).
 from __future__ import annotations
 
 import copy
-import pickle
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -47,12 +45,10 @@ from a3po.algo import (
 from a3po.algo.prox import ApproxErrors
 from a3po.config.schema import ActorConfig
 from a3po.devices import resolve_dtype
-from a3po.train.logprobs import PolicyLogp
-from a3po.train.optim import build_optimizer
-from a3po.train.parallel import DataParallel
+from a3po.trainer.logprobs import PolicyLogp
+from a3po.trainer.optim import build_optimizer
+from a3po.trainer.parallel import DataParallel
 from a3po.trajectories import TrainBatch
-
-STATE_FILE = "trainer_state.pt"
 
 
 def micro_batches(batch: TrainBatch, max_tokens: int) -> list[list[int]]:
@@ -321,90 +317,3 @@ class TrainEngine:
 
         Live views, not copies: the sync copies them once, straight into shared memory."""
         return self.full_model.state_dict()
-
-    def save(self, directory: str | Path, tokenizer=None) -> None:
-        """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume.
-
-        trainer_state.pt holds only tensors and plain types, so `load` can read it with weights_only=True.
-        With several ranks the optimizer state is gathered whole, keyed by parameter name (every rank
-        takes part; rank 0 writes)."""
-        if self.dp is not None:
-            self.dp.announce("save", directory)
-            optimizer = self.dp.full_optimizer_state(self.policy, self.optimizer)
-            if not self.dp.leader:
-                return
-        else:
-            optimizer = self.optimizer.state_dict()
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        self.full_model.save_pretrained(d, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(d)
-        torch.save({
-            "version": self.version,
-            "optimizer": optimizer,
-            "ranks": self.dp.world if self.dp else 1,
-            "scheduler": self.scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        }, d / STATE_FILE)
-
-    def load(self, directory: str | Path) -> None:
-        """Restore what `save` wrote into this engine (same architecture, same config).
-
-        Everything is read and checked before anything is applied, so a checkpoint that turns
-        out unreadable leaves the engine as it was and resume can try an older one. With several
-        ranks, rank 0 tells the others to load the same folder once it has read it."""
-        d = Path(directory)
-        weights = _read_weights(d)
-        missing, unexpected = _mismatch(self.model, weights)
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {d} does not match the model: "
-                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-        state = _read_state(d / STATE_FILE)
-        ranks, saved = (self.dp.world if self.dp else 1), state.get("ranks", 1)
-        if (ranks > 1) != (saved > 1):
-            raise ValueError(f"checkpoint {d} was written by {saved} trainer rank(s); resume it with "
-                             f"cluster.n_trainer_ranks={'1' if saved == 1 else 'N > 1'}")
-        if self.dp is not None:
-            self.dp.announce("load", directory)
-            self.dp.load(self.policy, self.optimizer, {f"model.{k}": t for k, t in weights.items()},
-                         state["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.full_model is not None:
-            self.full_model.load_state_dict(weights, strict=False)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.version = state["version"]
-        torch.set_rng_state(state["torch_rng"])
-
-
-def _read_state(path: Path) -> dict:
-    """weights_only: a run folder may come from someone else, and a full unpickle runs any code it holds.
-
-    torch's own message for a refused file suggests weights_only=False, the one thing not to do here."""
-    try:
-        return torch.load(path, weights_only=True)
-    except pickle.UnpicklingError:
-        raise ValueError(f"{path.name} is corrupt or holds more than tensors and plain values "
-                         "(refused unread: loading it could run code)") from None
-
-
-def _read_weights(d: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"checkpoint {d} has no *.safetensors weights")
-    weights = {}
-    for f in files:
-        weights.update(load_file(f))
-    return weights
-
-
-def _mismatch(model, weights: dict[str, Tensor]) -> tuple[list[str], list[str]]:
-    """Names the checkpoint lacks (a tied lm_head aside) and names the model lacks, or shapes that differ."""
-    own = model.state_dict()
-    tied = model.config.tie_word_embeddings
-    missing = sorted(k for k in own if k not in weights and not (tied and k.endswith("lm_head.weight")))
-    unexpected = sorted(k for k in weights if k not in own or weights[k].shape != own[k].shape)
-    return missing, unexpected

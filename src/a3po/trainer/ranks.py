@@ -5,7 +5,7 @@
 already a process, WORLD_SIZE and RANK say which, and every rank but 0 becomes a follower
 in `train()` (`torchrun_rank`). A follower
 builds the engine rank 0 builds, from the same configuration, and runs rank 0's commands
-(train/parallel.py) until rank 0 says stop, dies, or ends it.
+(trainer/parallel.py) until rank 0 says stop, dies, or ends it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from a3po import child, signals
 from a3po.config import Config
 from a3po.devices import resolve_device
-from a3po.train import parallel
+from a3po.trainer import parallel
 
 JOIN_S = 30.0  # a follower told to stop ends at once; this is the deadline before it is killed
 
@@ -27,7 +27,7 @@ JOIN_S = 30.0  # a follower told to stop ends at once; this is the deadline befo
 def build_engine(cfg: Config, model, device: torch.device, dp: parallel.DataParallel | None):
     """The training engine on `model` (as `load_policy(cfg.actor.path, seed=cfg.seed)` gave it), the same on
     every rank."""
-    from a3po.train.engine import TrainEngine
+    from a3po.trainer.engine import TrainEngine
 
     torch.manual_seed(cfg.seed)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
@@ -65,7 +65,7 @@ def follow(cfg: Config, rank: int, world: int, addr: str | None, port: int | Non
         model, _ = load_policy(cfg.actor.path, seed=cfg.seed)
         dp = parallel.init(rank, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, addr=addr, port=port)
         engine = build_engine(cfg, model, device, dp)
-        dp.follow(engine)
+        dp.follow(follower_commands(engine))
         return 0
     except Exception as e:  # rank 0 gone, or the same error rank 0 met and reports
         print(f"a3po: trainer rank {rank} stopped: {' '.join(str(e).splitlines())[:300]}", file=sys.stderr)
@@ -116,3 +116,12 @@ def end_followers(procs: list, dp: parallel.DataParallel | None, finished: bool)
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def follower_commands(engine) -> dict:
+    """What rank 0 announces, by name: a training step and the collective parts of save and load."""
+    from a3po.trainer.checkpoint import load_engine, save_engine
+
+    return {"ppo_update": engine.ppo_update,
+            "save": lambda directory, tokenizer=None: save_engine(engine, directory, tokenizer),
+            "load": lambda directory: load_engine(engine, directory)}

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from a3po.config import ConfigError
-from a3po.train.checkpoint import atomic_write_text
+from a3po.files import atomic_write_text
 
 BACKENDS = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb (then wandb login)"}
 

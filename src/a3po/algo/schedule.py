@@ -2,7 +2,7 @@
 
 Pure Python, no torch: `LR_SCHEDULES` is the one list of schedule names, and the config
 schema reads it for `actor.optimizer.lr_scheduler_type` without importing torch
-(train/optim.py hands the schedule to torch's LambdaLR).
+(trainer/optim.py hands the schedule to torch's LambdaLR).
 """
 
 from __future__ import annotations

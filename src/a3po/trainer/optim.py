@@ -1,11 +1,11 @@
-"""AdamW and its learning-rate schedule (train/schedule.py: linear warm-up, then constant, linear or cosine decay)."""
+"""AdamW and its learning-rate schedule (algo/schedule.py: linear warm-up, then constant, linear or cosine decay)."""
 
 from __future__ import annotations
 
 import torch
 
+from a3po.algo.schedule import lr_schedule
 from a3po.config.schema import OptimizerConfig
-from a3po.train.schedule import lr_schedule
 
 
 def build_optimizer(params, cfg: OptimizerConfig, total_steps: int):

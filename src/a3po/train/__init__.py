@@ -1,1 +1,0 @@
-"""Training: the step loop and the run it belongs to."""
