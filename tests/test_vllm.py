@@ -3,10 +3,11 @@
 Proves, with SmolLM2 (tied embeddings) in fp32: vLLM's behaviour log-probs equal the trainer's
 compute_logp on the same weights within 1e-4, before and after a weight update that lands
 while sequences are in flight; those sequences hold both versions, per token, on the right
-side of the switch; samples follow their seeds whatever runs beside them, stop strings end a
-completion; a bf16 engine's log-probs come closer to the trainer's with `actor.fp32_lm_head`; and
-`a3po train --preset tiny rollout.backend=vllm` (bf16 with the fp32 head) trains with staleness up to
-eta, resumes and leaves nothing behind in /dev/shm.
+side of the switch, every token covered by vLLM's version spans; samples follow their seeds
+whatever runs beside them, stop strings end a completion; a bf16 engine's log-probs come
+closer to the trainer's with `actor.fp32_lm_head`; and `a3po train --preset tiny
+rollout.backend=vllm` (bf16 with the fp32 head) trains with staleness up to eta, resumes and
+leaves nothing behind in /dev/shm.
 """
 
 import subprocess
@@ -60,6 +61,7 @@ def test_log_probs_equal_the_trainer_on_both_sides_of_an_in_flight_update(smollm
     for c in done:
         v = c.output_versions
         assert v[0] == 0 and v[-1] == 1 and v == sorted(v), f"versions out of order: {v}"
+    assert engine.tokens_without_span == 0, "vLLM's weight-version spans left tokens uncovered"
 
     cfg = load_config(None, ["actor.dtype=float32"]).actor
     batch = collate([Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions) for c in done],

@@ -10,7 +10,7 @@ the local engine. What the trainer needs of it, and how vLLM gives it:
 - per-token versions across in-flight weight updates: an update pauses the scheduler
   keeping its requests, reloads, sets the version and resumes, dropping the KV cache first
   under `rollout.weight_update=reprefill` (requests in flight are recomputed on the new
-  weights); vLLM reports which version produced which span of each output;
+  weights); vLLM reports which version produced which span of each output (`token_versions`);
 - weights from the trainer: one safetensors file in a RAM-backed folder, read by vLLM's
   own reload (a plain `load_weights` breaks on the CPU build, whose linear weights are
   repacked at load). The trainer's state dict names the tied LM head too, so SmolLM2's
@@ -28,7 +28,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from torch import Tensor
@@ -81,7 +81,8 @@ class VLLMEngine:
         self._model_dir: Path | None = None  # a folder of our own to remove on close
         self._core = self.engine.engine_core.engine_core  # the in-process EngineCore: pause/resume live there
         self._eos = tuple(eos_token_ids)
-        self._requests: dict[str, GenerationRequest] = {}
+        self._requests: dict[str, tuple[GenerationRequest, int]] = {}  # with the version when it was submitted
+        self.tokens_without_span = 0  # tokens no vLLM span covered, over the engine's life: 0 is expected
         self._next_id = 0
         self._weights_dir = Path(tempfile.mkdtemp(prefix="a3po-vllm-weights-", dir=_ram_dir()))
         self.version = version
@@ -103,7 +104,7 @@ class VLLMEngine:
         )
         rid = str(self._next_id)
         self._next_id += 1
-        self._requests[rid] = request
+        self._requests[rid] = (request, self.version)
         self.engine.add_request(rid, {"prompt_token_ids": list(request.prompt_ids)}, params)
 
     def step(self) -> list[Completion]:
@@ -111,12 +112,12 @@ class VLLMEngine:
         for out in self.engine.step():
             if not out.finished:
                 continue
-            request = self._requests.pop(out.request_id)
+            request, submitted = self._requests.pop(out.request_id)
             o = out.outputs[0]
             ids = list(o.token_ids)
-            versions = [self.version] * len(ids)
-            for span in o.weight_versions or ():
-                versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+            spans = [(s.version, s.start, s.end) for s in o.weight_versions or ()]
+            versions, missing = token_versions(spans, len(ids), submitted)
+            self.tokens_without_span += missing
             done.append(Completion(
                 request.rid, list(request.prompt_ids), ids, [o.logprobs[i][t].logprob for i, t in enumerate(ids)],
                 versions, finish_reason="length" if o.finish_reason == "length" else "stop",
@@ -158,6 +159,24 @@ class VLLMEngine:
         for folder in (self._weights_dir, self._model_dir):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def token_versions(spans: Iterable[tuple[str | int, int, int]], n_tokens: int,
+                   submitted: int) -> tuple[list[int], int]:
+    """The weight version of each of a completion's `n_tokens` tokens from vLLM's spans (version,
+    start, end: tokens [start, end) sampled by that version), and how many tokens no span covered.
+
+    Weights only move forward, so the version current when the request was submitted is the
+    oldest that can have sampled any of its tokens; an uncovered token gets it, so its staleness
+    is never understated and the trainer's per-token check of the bound stays sound. A span
+    reaching past the tokens (cut by a stop string) is clipped to them."""
+    versions: list[int | None] = [None] * n_tokens
+    for version, start, end in spans:
+        lo, hi = max(0, start), min(end, n_tokens)
+        if hi > lo:
+            versions[lo:hi] = [int(version)] * (hi - lo)
+    missing = versions.count(None)
+    return [submitted if v is None else v for v in versions], missing
 
 
 def _ram_dir() -> str | None:
