@@ -235,3 +235,39 @@ def test_short_sequences_on_a_cpu_use_plain_attention_with_the_same_logprobs_and
         results[expected] = logp, engine.model.model.layers[0].self_attn.q_proj.weight.grad.clone()
     assert torch.allclose(results["eager"][0], results["sdpa"][0], atol=1e-5)
     assert torch.allclose(results["eager"][1], results["sdpa"][1], atol=1e-5, rtol=1e-4)
+
+
+def with_dropout(model, p: float = 0.5):
+    """Attention dropout on every layer: a pass in train mode then draws a random mask."""
+    for m in model.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = p
+    return model
+
+
+def test_the_proximal_pass_runs_in_eval_mode_so_dropout_leaves_it_exact(tiny):
+    model, tok = tiny
+    batch = fixed_batch(with_dropout(model), len(tok))  # behaviour log-probs of an eval-mode forward
+    eng = TrainEngine(copy.deepcopy(model), actor_cfg("actor.prox_logp_method=recompute"), 1)
+    eng.model.train()  # as ppo_update has it when it recomputes the proximal log-probs
+    train_mode, _ = eng._logp(eng.policy, batch)
+    assert not torch.equal(train_mode, batch.logp_behav), "dropout is not on: the test proves nothing"
+    first, second = eng.compute_logp(batch), eng.compute_logp(batch)
+    assert torch.equal(first, second) and torch.equal(first, batch.logp_behav)
+    assert eng.model.training, "train mode is restored after the pass"
+
+
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_every_no_grad_pass_of_a_step_runs_in_eval_mode_and_every_grad_pass_in_train_mode(tiny, kl_in_reward):
+    model, tok = tiny
+    batch = fixed_batch(with_dropout(model), len(tok))
+    eng = TrainEngine(copy.deepcopy(model), actor_cfg("actor.prox_logp_method=metrics", "actor.kl_ctl=0.1",
+                                                      f"actor.kl_in_reward={kl_in_reward}"), 1)
+    passes = []  # (gradient on, train mode) of every forward, the policy's and the reference's
+    for m in (eng.model, eng.ref_model):
+        m.base_model.register_forward_hook(lambda mod, *_: passes.append((torch.is_grad_enabled(), mod.training)))
+    if kl_in_reward:
+        eng.reference_kl(batch)
+    eng.ppo_update(batch)
+    assert (False, False) in passes and (True, True) in passes
+    assert all(grad == training for grad, training in passes), passes

@@ -5,6 +5,7 @@
 
 One training step (`ppo_update`) reads top to bottom:
   1. proximal log-probs that need a forward pass (`recompute`, `metrics`) - the pass A-3PO removes;
+     like every no-grad pass (the reference policy's too) it runs in eval mode (`eval_mode`);
   2. for each of `ppo_n_minibatches` minibatches: micro-batches by token budget, each a
      forward pass with gradient, the proximal log-probs of the configured method, the
      decoupled PPO loss, backward; then grad-norm clipping and one optimizer step;
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
@@ -49,6 +50,22 @@ from a3po.trainer.logprobs import PolicyLogp
 from a3po.trainer.optim import build_optimizer
 from a3po.trainer.parallel import DataParallel
 from a3po.trajectories import TrainBatch
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module):
+    """`module` in eval mode for a no-grad log-prob pass, each submodule's own mode restored after.
+
+    Such a pass stands for the policy itself (the proximal policy is theta of this version, the
+    reference is the initial theta): in train mode dropout would draw a random mask, and the
+    log-probs would be those of one random thinned network, different on every call."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def micro_batches(batch: TrainBatch, max_tokens: int) -> list[list[int]]:
@@ -121,16 +138,18 @@ class TrainEngine:
     @torch.no_grad()
     def compute_logp(self, batch: TrainBatch, model=None, rows: list[int] | None = None) -> Tensor:
         """Log-probs (B, T) of the current weights (or of another causal LM `model`, such as the reference),
-        without gradient, micro-batched, on `rows` only when given (0 on the others). With several ranks,
-        for the current weights, a collective."""
+        without gradient, in eval mode (`eval_mode`), micro-batched, on `rows` only when given (0 on the
+        others). With several ranks, for the current weights, a collective."""
         policy = self.policy if model is None else self.ref_policy if model is self.ref_model else PolicyLogp(
             model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
         batch = batch.to(self.device)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
-        for g in self._padded(self._micro_groups(batch, list(range(len(batch))) if rows is None else rows), policy):
-            logp, _ = self._logp(policy, batch.select(g or [0]), with_entropy=False)
-            if g:
-                out[g, : logp.shape[1]] = logp.float()
+        with eval_mode(policy):
+            for g in self._padded(self._micro_groups(batch, list(range(len(batch))) if rows is None else rows),
+                                  policy):
+                logp, _ = self._logp(policy, batch.select(g or [0]), with_entropy=False)
+                if g:
+                    out[g, : logp.shape[1]] = logp.float()
         return out
 
     def _micro_groups(self, batch: TrainBatch, rows: list[int]) -> list[list[int]]:
@@ -240,7 +259,7 @@ class TrainEngine:
             prox = proximal_logp(self.method.name, mb.logp_behav, logp, mb.versions, v, logp_recomputed)
         kl = None
         if self.ref_policy is not None and not cfg.kl_in_reward:
-            with torch.no_grad():
+            with torch.no_grad(), eval_mode(self.ref_policy):
                 ref, _ = self._logp(self.ref_policy, mb, with_entropy=False)
             kl = kl_penalty(logp, ref, cfg.kl_estimator)
         loss, terms = ppo_loss(
