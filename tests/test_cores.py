@@ -1,12 +1,14 @@
 """The trainer borrows idle workers' threads layer by layer (pipeline/cores.py), on a real tiny model:
 the thread count seen inside each decoder layer follows whether the workers are idle, in the
-forward pass, in the backward pass and in no-grad passes."""
+forward pass, in the backward pass and in no-grad passes; and it borrows only where the workers
+compute on this machine's CPU with the local engine under the local launcher."""
 
 import pytest
 import torch
 
+from a3po.config import load_config
 from a3po.models import load_policy
-from a3po.pipeline.cores import CoreLender, decoder_layers
+from a3po.pipeline.cores import CoreLender, decoder_layers, lends_cores
 
 
 @pytest.fixture(autouse=True)
@@ -48,3 +50,16 @@ def test_nothing_is_borrowed_when_lending_is_off():
     with torch.no_grad():
         model(input_ids=torch.randint(0, 100, (1, 4)))
     assert threads == [1] and lender.borrowed_frac() == 0.0
+
+
+@pytest.mark.parametrize("overrides, device, lends", [
+    ([], "cpu", True),  # the local launcher, the local engine, rollout on this machine's CPU
+    (["rollout.lend_idle_cores=false"], "cpu", False),
+    (["cluster.launcher=ray"], "cpu", False),  # workers may be on other nodes
+    (["rollout.backend=vllm"], "cpu", False),  # vLLM manages its own threads
+    ([], "cuda", False),  # rollout on a GPU
+    ([], "cuda:1", False),
+])
+def test_lending_applies_only_to_local_workers_on_this_machines_cpu(overrides, device, lends):
+    cfg = load_config(None, overrides)
+    assert lends_cores(cfg, torch.device(device)) is lends

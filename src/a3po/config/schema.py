@@ -137,7 +137,9 @@ class RolloutConfig:
     n_workers: int = opt(1, "rollout worker processes", ge=1)
     torch_threads: int | None = opt(None, "torch threads per rollout worker; null = split this machine's cores", ge=1)
     lend_idle_cores: bool = opt(True, "while no rollout worker has a prompt in flight (held back by the staleness "
-                                      "bound, or between steps at eta=0), the trainer computes with their threads too")
+                                      "bound, or between steps at eta=0), the trainer computes with their threads "
+                                      "too; only where the workers compute on this machine's CPU with the local "
+                                      "backend under the local launcher (elsewhere it does nothing)")
     device: str = opt("auto", "where every rollout worker computes: cpu, cuda, cuda:N (e.g. the trainer on cuda:0, "
                       "rollout on cuda:1); auto = cuda when torch sees a GPU, else cpu", **DEVICE)
     dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where rollout.device "

@@ -12,6 +12,10 @@ makes: the update, the proximal recompute, the reference model and greedy evalua
 
 The switch costs a call per layer (microseconds); the overlap while a worker restarts is
 at most one layer's work, when the trainer briefly runs one thread too many.
+
+Lending applies only where the workers' shares are cores of this machine that the trainer's
+threads would run on (`lends_cores`); anywhere else borrowing would oversubscribe the
+trainer's own cores.
 """
 
 from __future__ import annotations
@@ -20,6 +24,22 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from a3po.config import Config
+
+
+def lends_cores(cfg: Config, rollout_device: torch.device) -> bool:
+    """Whether the trainer borrows idle workers' cores: `rollout.lend_idle_cores`, and the workers
+    compute on this machine's CPU with the share of its threads that split_threads gave them.
+
+    That is the one case where an idle worker frees known cores the trainer's threads can use.
+    Not under the Ray launcher (workers may run on other nodes: their shares are not this
+    machine's cores), not with rollout on a GPU (a worker's host threads drive its device, and
+    its share is not what rollout computes on), not with the vLLM backend (vLLM manages its
+    threads itself, its CPU build makes torch.set_num_threads a no-op in the worker, so the
+    worker's share is not known to be what it uses)."""
+    return (cfg.rollout.lend_idle_cores and cfg.cluster.launcher == "local" and cfg.rollout.backend == "local"
+            and rollout_device.type == "cpu")
 
 
 class CoreLender:

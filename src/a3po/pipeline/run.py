@@ -31,7 +31,7 @@ from a3po.files import atomic_write_text, unique_dir
 from a3po.launch import check as check_launcher
 from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
-from a3po.pipeline.cores import CoreLender
+from a3po.pipeline.cores import CoreLender, lends_cores
 from a3po.pipeline.evaluate import evaluate
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
@@ -122,7 +122,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     # Setup: everything that can fail on bad input fails here, before any process starts.
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     device = ranks.rank_device(cfg.actor.device, 0)
-    resolve_device(cfg.rollout.device, "rollout.device")  # checked here: a worker's error would come later
+    rollout_device = resolve_device(cfg.rollout.device, "rollout.device")  # here: a worker's error comes later
     if cfg.rollout.backend == "vllm" and not vllm_engine.installed():
         raise ConfigError(vllm_engine.MISSING)
     check_launcher(cfg)
@@ -167,8 +167,8 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         cleanup.callback(pool.close)
         progress.workers = True
         pool.start()
-        lender = CoreLender(trainer_threads, cfg.rollout.n_workers * per_worker if cfg.rollout.lend_idle_cores else 0,
-                            pool.idle)
+        lendable = cfg.rollout.n_workers * per_worker if lends_cores(cfg, rollout_device) else 0
+        lender = CoreLender(trainer_threads, lendable, pool.idle)
         for m in (engine.model, engine.ref_model):
             if m is not None:
                 lender.attach(m)
