@@ -156,3 +156,24 @@ def test_a_killed_rank_stops_the_run_in_one_line(tmp_path):
         assert latest.exists()  # what was saved is kept
     finally:
         run.kill_all()
+
+
+@pytest.mark.parametrize("name,world,gpus,ok", [
+    ("cuda", 2, 1, False),   # two NCCL ranks cannot share the one GPU: refused before any rank starts
+    ("auto", 4, 2, False),
+    ("cuda", 2, 2, True),
+    ("cuda", 1, 1, True),
+    ("cuda:0", 2, 1, True),  # a numbered device is refused elsewhere (config consistency), not here
+    ("cpu", 4, 0, True),
+    ("auto", 2, 0, True),    # auto without a GPU is the CPU: gloo ranks need none
+])
+def test_ranks_this_machine_starts_need_a_gpu_each(name, world, gpus, ok):
+    from a3po.config import ConfigError
+    from a3po.trainer.ranks import check_rank_gpus
+
+    if ok:
+        check_rank_gpus(name, world, gpus)
+    else:
+        expected = rf"n_trainer_ranks={world} .* torch sees {gpus}; set cluster.n_trainer_ranks={gpus}"
+        with pytest.raises(ConfigError, match=expected):
+            check_rank_gpus(name, world, gpus)

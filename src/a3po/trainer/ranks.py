@@ -17,7 +17,7 @@ import sys
 import torch
 
 from a3po import child, signals
-from a3po.config import Config
+from a3po.config import Config, ConfigError
 from a3po.devices import resolve_device
 from a3po.trainer import parallel
 
@@ -40,6 +40,16 @@ def rank_device(name: str, rank: int) -> torch.device:
     if device.type == "cuda" and ":" not in name:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     return device
+
+
+def check_rank_gpus(name: str, world: int, gpus: int) -> None:
+    """Ranks this machine starts with an unnumbered `cuda` (or `auto` on a GPU) take cuda:0..world-1, so
+    that many GPUs must be visible; NCCL cannot put two ranks on one GPU. Checked before any rank starts,
+    or the missing ordinal surfaces inside a follower while rank 0 waits for it at the rendezvous."""
+    if world > 1 and ":" not in name and gpus > 0 and gpus < world:
+        raise ConfigError(f"cluster.n_trainer_ranks={world} with actor.device={name} takes one GPU per rank, but "
+                          f"torch sees {gpus}; set cluster.n_trainer_ranks={gpus}, make more GPUs visible "
+                          f"(CUDA_VISIBLE_DEVICES) or train on actor.device=cpu")
 
 
 def torchrun_rank() -> tuple[int, int]:
