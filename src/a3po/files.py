@@ -1,12 +1,71 @@
 """Files on disk written so that a crash or a full disk never leaves a torn one, and run folders never reused.
 
-Leaf module (no a3po imports): the checkpoint writer, the metric sinks and the benchmarks share it.
+A write that fails for lack of space, however the writing library reports it, becomes one
+DiskFullError naming the folder to free (`writing`). Leaf module (no a3po imports): the
+checkpoint writer, the metric sinks and the benchmarks share it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, and a full quota: the same remedy
+
+
+class DiskFullError(OSError):
+    """A write that failed for lack of space, in one line naming what was written and the folder to free."""
+
+    def __init__(self, code: int, what: str, folder: Path):
+        self.folder = Path(folder)
+        self.message = f"{os.strerror(code).lower()} writing {what} in {folder}"
+        super().__init__(code, self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what it was raised from or during, and so on down the chain."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def no_space(error: BaseException) -> int | None:
+    """The errno (ENOSPC or EDQUOT) if `error` comes of a full disk or quota, else None.
+
+    Writers say it each their own way: Python's files raise OSError(ENOSPC); torch.save into a
+    Python file raises a RuntimeError of its own while that OSError is handled (its __context__);
+    safetensors raises its own error type with the OS message in its text."""
+    for e in causes(error):
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e.errno
+        text = str(e)
+        for code in NO_SPACE:
+            if os.strerror(code) in text:
+                return code
+    return None
+
+
+@contextmanager
+def writing(what: str, folder: Path) -> Iterator[None]:
+    """Turn a write that fails for lack of space into DiskFullError naming `what` and `folder`."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except Exception as e:
+        code = no_space(e)
+        if code is None:
+            raise
+        raise DiskFullError(code, what, folder) from e
 
 
 def fsync(path: Path) -> None:
@@ -30,10 +89,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Replace `path` with `text` so that a crash leaves either the old or the new file, never a torn one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk gets its space back
+        raise
     os.replace(tmp, path)
     fsync(path.parent)
 

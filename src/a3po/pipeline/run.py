@@ -6,9 +6,10 @@ tb/ (TensorBoard) and checkpoints/ (Hugging Face format plus resume state).
 `a3po train --resume RUN_DIR` reloads its config and newest checkpoint and continues with
 the same step count, version, optimizer, scheduler, RNG and data position.
 
-Exit codes: 0 done, 1 failed during training (one line), 2 bad configuration, resume
-folder, data or model (one line), 130 SIGINT (Ctrl-C) and 143 SIGTERM (one line; workers
-stopped, last checkpoint intact). README.md "Exit codes" is the table users read.
+Exit codes: 0 done, 1 failed during training or no space left to write the run (one line;
+last checkpoint intact), 2 bad configuration, resume folder, data or model (one line), 130
+SIGINT (Ctrl-C) and 143 SIGTERM (one line; workers stopped, last checkpoint intact).
+README.md "Exit codes" is the table users read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import transformers
 from tqdm import tqdm
 
@@ -27,7 +29,7 @@ from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
-from a3po.files import atomic_write_text, unique_dir
+from a3po.files import DiskFullError, atomic_write_text, causes, no_space, unique_dir, writing
 from a3po.launch import check as check_launcher
 from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
@@ -64,15 +66,24 @@ class Progress:
     training: bool = False  # start-up is over: the progress bar is up
     workers: bool = False  # rollout workers were started (so the clean-up stopped them)
 
+    def where(self) -> str:
+        return f"at step {self.step}" if self.training else "during start-up"
+
+    def checkpoint_part(self) -> str:
+        ckpt = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
+        return (f"last checkpoint {ckpt} (continue with: a3po train --resume {self.run_dir})" if ckpt
+                else "no checkpoint yet")
+
     def stopped_line(self, stop: Stopped) -> str:
-        where = f"at step {self.step}" if self.training else "during start-up"
-        parts = [f"a3po: interrupted by {stop.name} {where}"]
+        parts = [f"a3po: interrupted by {stop.name} {self.where()}"]
         if self.workers:
             parts.append("rollout workers stopped")
-        ckpt = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
-        parts.append(f"last checkpoint {ckpt} (continue with: a3po train --resume {self.run_dir})" if ckpt
-                     else "no checkpoint yet")
+        parts.append(self.checkpoint_part())
         return "; ".join(parts)
+
+    def disk_full_line(self, full: DiskFullError) -> str:
+        return (f"a3po: error: {full} {self.where()}; free space there, or set fileroot=<a folder with room> "
+                f"for a new run; {self.checkpoint_part()}")
 
 
 def train(cfg: Config, resume: str | None = None) -> int:
@@ -92,6 +103,10 @@ def train(cfg: Config, resume: str | None = None) -> int:
         if stop is not None:
             say(progress.stopped_line(stop))
             return stop.exit_code
+        full = _disk_full(e, progress.run_dir or Path(cfg.fileroot))
+        if full is not None:
+            say(progress.disk_full_line(full))
+            return 1
         if isinstance(e, USER_ERRORS):
             say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
             return 2
@@ -104,6 +119,17 @@ def train(cfg: Config, resume: str | None = None) -> int:
             say(f"a3po: training stopped at step {progress.step}: {lost}{resume}")
             return 1
         raise  # a bug: its traceback
+
+
+def _disk_full(error: BaseException, folder: Path) -> DiskFullError | None:
+    """The full disk `error` comes of, if it does: the DiskFullError in its chain (a later error in
+    the clean-up, such as closing a file whose write failed, can stand in front of it), else one
+    naming `folder` for a write that `files.writing` did not wrap."""
+    found = next((e for e in causes(error) if isinstance(e, DiskFullError)), None)
+    if found is not None:
+        return found
+    code = no_space(error)
+    return DiskFullError(code, "the run", folder) if code is not None else None
 
 
 def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int]:
@@ -131,6 +157,8 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     world, by_torchrun = ranks.world_size(cfg)
+    if device.type == "cuda" and cfg.cluster.launcher == "local" and not by_torchrun:
+        ranks.check_rank_gpus(cfg.actor.device, world, torch.cuda.device_count())
     history: list[dict] = []
     finished = False
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
@@ -152,7 +180,8 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
 
         run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
         progress.run_dir, progress.step = run_dir, start_step
-        atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
+        with writing("config.yaml", run_dir):
+            atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
         order = DataOrder(len(data.train), cfg.seed, cursor)
 
         say(f"a3po: run directory {run_dir}")

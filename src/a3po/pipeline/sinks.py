@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from a3po.config import ConfigError
-from a3po.files import atomic_write_text
+from a3po.files import atomic_write_text, writing
 
 BACKENDS = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb (then wandb login)"}
 
@@ -50,9 +50,11 @@ class Sinks:
             self._wandb = wandb_mod.init(project=wandb_project, config=config, dir=str(run_dir), resume="allow")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """A full disk is DiskFullError naming the run folder (a line it cut short, resume drops)."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        self._file.write(json.dumps({"step": step, **clean}) + "\n")
-        self._file.flush()
+        with writing(self.path.name, self.path.parent):
+            self._file.write(json.dumps({"step": step, **clean}) + "\n")
+            self._file.flush()
         for k, v in metrics.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 if self._tb is not None:

@@ -6,7 +6,9 @@
 A checkpoint is written into a temporary folder, every file and the folder are fsynced, and
 only then is it renamed into place; `latest` is written the same way after that, and older
 checkpoints beyond `keep` are removed last. Without the fsyncs a power cut could leave a
-renamed folder whose files are empty, which `latest` would then point at.
+renamed folder whose files are empty, which `latest` would then point at. A save that fails
+(a full disk is DiskFullError, naming the folder) removes its temporary folder and leaves
+the older checkpoints and `latest` as they were.
 
 Resuming tries `latest`'s checkpoint first and then the others, newest first: one that cannot
 be read (truncated, corrupt, half copied, made for another model) is skipped with a one-line
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from a3po.config import Config, load_config
-from a3po.files import atomic_write_text, fsync, fsync_tree
+from a3po.files import atomic_write_text, fsync, fsync_tree, writing
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not for resume_config
     from torch import Tensor
@@ -53,19 +55,28 @@ def _step_of(path: Path) -> int:
 
 
 def save_checkpoint(run_dir: Path, step: int, engine, tokenizer, run_state: dict, keep: int = 1) -> Path:
+    """Write checkpoint `step`; a full disk is DiskFullError naming the checkpoints folder.
+
+    A save that fails removes what it had written (the space is given back) and leaves the
+    older checkpoints and `latest` as they were, so --resume continues from the last one."""
     root = _dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_engine(engine, tmp, tokenizer=tokenizer)
-    (tmp / RUN_STATE).write_text(json.dumps(run_state))
-    fsync_tree(tmp)
-    final = root / name
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    fsync(root)
-    atomic_write_text(root / LATEST, name)
+    try:
+        with writing("a checkpoint", root):
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_engine(engine, tmp, tokenizer=tokenizer)
+            (tmp / RUN_STATE).write_text(json.dumps(run_state))
+            fsync_tree(tmp)
+            final = root / name
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            fsync(root)
+            atomic_write_text(root / LATEST, name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _prune(root, step, keep)
     return final
 
@@ -182,13 +193,14 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
     engine.full_model.save_pretrained(d, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
-    torch.save({
-        "version": engine.version,
-        "optimizer": optimizer,
-        "ranks": engine.dp.world if engine.dp else 1,
-        "scheduler": engine.scheduler.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-    }, d / STATE_FILE)
+    with open(d / STATE_FILE, "wb") as f:  # a Python file: a write error reaches us as OSError (files.no_space)
+        torch.save({
+            "version": engine.version,
+            "optimizer": optimizer,
+            "ranks": engine.dp.world if engine.dp else 1,
+            "scheduler": engine.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }, f)
 
 def load_engine(engine: TrainEngine, directory: str | Path) -> None:
     """Restore what `save` wrote into this engine (same architecture, same config).
