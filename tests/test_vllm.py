@@ -144,6 +144,7 @@ def test_training_with_vllm_reaches_eta_resumes_and_cleans_up(tmp_path):
     assert [r["step"] for r in rows] == list(range(7))
     stale = [r["stale/max"] for r in rows if r["step"] > 0]
     assert max(stale) == 2, stale  # the bound is reached, and the trainer checks it is never passed
+    assert all(r["perf/borrowed_frac"] == 0 for r in rows if r["step"] > 0)  # vLLM's threads are not lent
     left = [p.name for p in set(Path("/dev/shm").iterdir()) - before if p.name.startswith("a3po-vllm")]
     assert not left, f"left in /dev/shm: {left}"
 
