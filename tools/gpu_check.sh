@@ -16,10 +16,22 @@ LIMIT="${LIMIT:-150}"  # seconds per check
 check() {  # check NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  if timeout "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1; then
+  if timeout -k 10 "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1; then
     echo "PASS $name ($((SECONDS - t0)) s)"
   else
     echo "FAIL $name (exit $?, $((SECONDS - t0)) s); last lines:"; tail -n 15 "$LOG_DIR/$name.log" | sed 's/^/    /'
+    FAILED=$((FAILED + 1))
+  fi
+}
+
+refused() {  # refused NAME PATTERN COMMAND...: must exit 2 at once with a one-line error matching PATTERN
+  local name=$1 pattern=$2; shift 2
+  timeout -k 10 60 "$@" >"$LOG_DIR/$name.log" 2>&1
+  local code=$?
+  if [ "$code" = 2 ] && grep -q -- "$pattern" "$LOG_DIR/$name.log"; then
+    echo "PASS $name (refused: $(tail -n 1 "$LOG_DIR/$name.log"))"
+  else
+    echo "FAIL $name (exit $code, expected 2 and '$pattern')"; tail -n 5 "$LOG_DIR/$name.log" | sed 's/^/    /'
     FAILED=$((FAILED + 1))
   fi
 }
@@ -42,7 +54,12 @@ check train-cuda-bf16 "$LIMIT" "$PY" -m a3po.cli train --preset tiny actor.devic
 check train-cuda-recompute-eta2 "$LIMIT" "$PY" -m a3po.cli train --preset tiny actor.device=cuda rollout.device=cuda actor.prox_logp_method=recompute rollout.max_head_offpolicyness=2 rollout.n_workers=2 experiment_name=rc "${DATA[@]}"
 check resume-cuda "$LIMIT" "$PY" -m a3po.cli train --resume "$WORK/runs/fp32" total_train_steps=9
 check trainer-gpu-rollout-cpu "$LIMIT" "$PY" -m a3po.cli train --preset tiny actor.device=cuda rollout.device=cpu experiment_name=split "${DATA[@]}"
-check two-ranks-one-gpu "$LIMIT" "$PY" -m a3po.cli train --preset tiny actor.device=cuda rollout.device=cuda cluster.n_trainer_ranks=2 experiment_name=dp2 "${DATA[@]}"
+GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "$GPUS" -ge 2 ]; then
+  check two-ranks-nccl "$LIMIT" "$PY" -m a3po.cli train --preset tiny actor.device=cuda rollout.device=cuda cluster.n_trainer_ranks=2 experiment_name=dp2 "${DATA[@]}"
+else
+  refused two-ranks-one-gpu "torch sees $GPUS" "$PY" -m a3po.cli train --preset tiny actor.device=cuda rollout.device=cuda cluster.n_trainer_ranks=2 experiment_name=dp2 "${DATA[@]}"
+fi
 check bench-step-cuda "$LIMIT" "$PY" -m a3po.cli bench step --model tiny-256x4 --batch 8 --repeats 2 --out "$WORK/bench-step"
 echo "$FAILED check(s) failed"
 rm -rf "$WORK"
