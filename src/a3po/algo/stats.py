@@ -1,28 +1,9 @@
 """Per-step statistics of the objective, over the tokens that count.
 
-Every key, with its formula (masked means run over the loss mask; prompt tokens and
-padding never count):
-
-    loss/ratio_mean, _min, _max   r_t = exp(theta_t - p_t)
-    loss/clipped_frac             share of tokens where the clipped branch won
-    loss/dual_clipped_frac        share of tokens bounded by the dual clip
-    loss/behav_weight_mean, _max  w_t = exp(p_t - b_t) before the cap
-    loss/behav_capped_frac        share of tokens with w_t above the cap
-    loss/m2_dropped_frac          share of tokens removed by M2PO
-    loss/approx_kl                mean of p_t - theta_t (k1 estimate of KL(pi_prox || pi_theta))
-    loss/entropy                  mean per-token entropy of pi_theta
-    loss/kl_ref                   with actor.kl_ctl > 0: mean per-token KL estimate (actor.kl_estimator) to the
-                                  reference, of pi_theta in the loss, of pi_behav in the reward (kl_in_reward)
-    stale/mean, stale/max         d_t = v - version_t over generated tokens
-    stale/frac_d<k>               share of generated tokens with d_t = k, for every k = 0..eta
-    mismatch/abs_mean, _abs_max   |theta_t - b_t| on tokens with d_t = 0 (sampled by the very weights
-                                  being trained), at the first minibatch: train/rollout numerics gap
-    mismatch/k3                   mean of exp(theta_t - b_t) - 1 - (theta_t - b_t) there: k3 estimate of
-                                  KL(pi_behav || pi_theta) (samples come from pi_behav)
-    mismatch/tokens               how many tokens those three are over (keys absent when none)
-    prox_err/<approx>/<err>       metrics mode: mean abs, rel, sq, iw error (see prox.ApproxErrors)
-    prox_err/<approx>/<err>/d<k>  the same, restricted to tokens of staleness k
-    prox_err/tokens/d<k>          how many tokens had staleness k (to pool the means over steps)
+Masked means run over the loss mask: prompt tokens and padding never count. The keys
+these functions return (loss/, stale/, mismatch/, prox_err/), with their formulas and
+units, are declared in a3po/metrics.py, the one list of every logged key (rendered as
+docs/metrics.md); tests/test_metrics.py fails on a key returned here and missing there.
 """
 
 from __future__ import annotations
