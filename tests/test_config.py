@@ -204,12 +204,3 @@ def test_variant_names_come_from_one_list_each_read_without_torch():
     code = "import sys, a3po.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0
 
-
-def test_readme_configuration_reference_is_current():
-    from pathlib import Path
-
-    from a3po.config.docs import embed
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert all(f"| `{k}` |" in readme for k in all_keys())
-    assert embed(readme) == readme, "regenerate it: python -m a3po.config.docs --write README.md"
