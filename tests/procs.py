@@ -17,7 +17,7 @@ from pathlib import Path
 
 TINY = ["--preset", "tiny", "logging.tensorboard=false"]
 LONG = [*TINY, "total_train_steps=400", "evaluator.freq_steps=0"]
-ORPHAN_EXIT_S = 5.0  # generous: the workers' watchdog reacts within a second (README "What happens when things fail")
+ORPHAN_EXIT_S = 5.0  # generous: the workers' watchdog reacts within a second (docs/operations.md)
 EXIT_S = 60  # a stopped run must be gone by then, whatever it was doing
 
 

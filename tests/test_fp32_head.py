@@ -4,8 +4,7 @@ Proves: the rollout copy gets an untied fp32 head whose logits are exactly the f
 of its (bf16) input and the fp32 weight; weight sync fills that head from the trainer's
 `lm_head.weight` at full precision while the embedding keeps bf16; the trainer's head
 runs in fp32 under bf16 autocast. (How much closer sampler and trainer get is measured, not
-tested: on SmolLM2 the mean |log-prob difference| to fp32 went from 0.066 to 0.058; the bf16
-body dominates. README, Devices.)
+tested: docs/results.md, "Numerics"; the bf16 body dominates. docs/scaling.md, Devices.)
 """
 
 import copy

@@ -8,7 +8,7 @@ SIGKILL takes its actors with it; SIGTERM stops a run in one line; nothing of a 
 it; a cluster that does not answer, or is too small, is one line; without
 cluster.launcher=ray nothing imports Ray; and the Slurm recipe runs.
 
-The cluster is the README's recipe: `ray start --head --port P --num-cpus 4` (Ray counts
+The cluster is docs/scaling.md's recipe: `ray start --head --port P --num-cpus 4` (Ray counts
 logical CPUs; the run reserves 3: one trainer rank and two workers of one thread each).
 """
 

@@ -2,9 +2,9 @@
 
 glibc serves blocks above a threshold with mmap and returns them with munmap when freed; a
 training step allocates and frees hundreds of such blocks (activations, (tokens x vocab)
-logit chunks), so every one is faulted in again page by page. On the 2-core machine of
-docs/results.md that made element-wise ops on fresh 64 MB tensors 3-6x slower than on
-reused memory, and cost ~15-25 % of a SmolLM2 training step. With mmap off and heap trimming
+logit chunks), so every one is faulted in again page by page. That makes element-wise ops
+on fresh large tensors several times slower than on reused memory, a sizeable share of a
+training step (docs/results.md). With mmap off and heap trimming
 pushed out of reach, freed blocks stay in the heap and are reused. The price is that the
 process keeps its peak heap; a3po's processes live for one run, so that is the right trade.
 

@@ -109,7 +109,7 @@ def _add_bench_parsers(sub) -> None:
     rollout.add_argument("--model", default=r.model, help="actor.path (tiny for a quick run)")
     rollout.add_argument("--dtypes", type=_csv(str), default=r.dtypes, help=f"subset of {','.join(ROLLOUT_DTYPES)}")
     rollout.add_argument("--engines", type=_csv(str), default=r.engines,
-                         help=f"subset of {','.join(ROLLOUT_ENGINES)} (vllm: where vLLM is installed, README)")
+                         help=f"subset of {','.join(ROLLOUT_ENGINES)} (vllm: where vLLM is installed, docs/scaling.md)")
     rollout.add_argument("--trainer-dtype", default=r.trainer_dtype,
                          help="actor.dtype of the trainer the log-probs are compared with (auto, float32, bfloat16)")
     rollout.add_argument("--batch", type=int, default=r.batch, help="requests in the batch (the worker's max batch)")
@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _leave(code: int) -> NoReturn:
     """End the `a3po train` program here, without the interpreter's and C++'s teardown. Everything the run
-    wrote is closed by now (its exit stack ran); about once in fifteen runs a finished run was aborted
-    during that teardown (std::terminate: a native thread still joinable, exit -6) after its last step."""
+    wrote is closed by now (its exit stack ran); a finished run could otherwise be aborted during
+    that teardown (std::terminate: a native thread still joinable, exit -6) after its last step."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -293,7 +293,7 @@ def _main(argv: list[str] | None) -> int:
         return 0
     if args.command == "train":
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
-        # the process (std::terminate) or was dropped. A stop waits until the import is done (1-3 s).
+        # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
         with signals.deferred():
             from a3po.pipeline.run import train
 

@@ -2,7 +2,7 @@
 
 `auto` picks CUDA when torch sees a CUDA device, else the CPU. The dtype `auto` is decided
 by the device that computes, never by whether CUDA merely exists: bf16 is fast on CUDA
-(when the GPU supports it) and on CPUs with AVX512-BF16 or AMX, and 10-16x slower than
+(when the GPU supports it) and on CPUs with AVX512-BF16 or AMX, and much slower than
 fp32 on an AVX2-only CPU, where torch emulates it.
 
 Placements: everything on one GPU (both `cuda`), or the trainer on one GPU and the rollout
@@ -27,7 +27,7 @@ def resolve_device(name: str, key: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{key}={name}, but this torch ({torch.__version__}) sees no CUDA device; install "
-                              f"torch's CUDA build (README, Install) or set {key}=cpu")
+                              f"torch's CUDA build (docs/scaling.md) or set {key}=cpu")
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise ConfigError(f"{key}={name}, but torch sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}")

@@ -11,7 +11,7 @@ Some things must not be cut in half: a checkpoint being written, child processes
 started (a half-started pool is one that nothing stops), the import of torch (its C++
 start-up aborts on an exception, or drops it). Inside `deferred()` a signal is only noted
 and raised when the block ends. A signal that arrives while the run is already stopping is
-ignored: every wait in the clean-up has its own deadline (rollout/pool.py), and a second
+ignored: every wait in the clean-up has its own deadline (pipeline/pool.py), and a second
 Ctrl-C cutting the clean-up short would be what leaves processes behind. Because of that,
 a Stopped some library swallows is raised again by `check()`, and any error once a signal
 arrived is reported as the stop (`stop_behind`).
@@ -83,7 +83,7 @@ def stop_behind(error: BaseException) -> Stopped | None:
 
     Once a stop signal arrived, whatever error follows is part of the stop: a worker the same
     group-wide SIGTERM killed first, or an import the interrupt cut in half, after which
-    libraries fail in their own ways (seen here: an error out of matplotlib's colormaps, a
+    libraries fail in their own ways (for example an error out of matplotlib's colormaps, a
     RecursionError from numpy's half-imported linalg)."""
     if isinstance(error, Stopped):
         return error

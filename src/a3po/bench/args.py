@@ -62,7 +62,7 @@ class RolloutBenchArgs:
     group: int = 1  # requests per distinct prompt (gconfig.n_samples in a run): a group's prompt is one prefill
     max_new_tokens: int = 24  # gconfig.max_new_tokens' default
     repeats: int = 3
-    threads: int = 1  # one rollout worker's share of this 2-core machine in `a3po train`
+    threads: int = 1  # a rollout worker's share in `a3po train` on two cores
     update_every: int = 6  # decode steps between in-flight weight updates; 0 = no update arms
     out: str = "runs/bench-rollout"
 

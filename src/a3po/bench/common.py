@@ -33,8 +33,8 @@ def fmt_s(x: float) -> str:
 def machine() -> dict:
     """CPU model name (as `lscpu` prints it) and its bf16 instructions: whether bf16 is fast here depends on them.
 
-    A ratio measured on one CPU does not carry over to another (bf16 matmuls are ~3x faster than
-    fp32 with AVX512-BF16/AMX and 10-16x slower without), so every record names its machine."""
+    A ratio measured on one CPU does not carry over to another (bf16 matmuls are faster than
+    fp32 with AVX512-BF16/AMX and much slower without), so every record names its machine."""
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):

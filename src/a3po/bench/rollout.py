@@ -252,7 +252,7 @@ def run(args: RolloutBenchArgs) -> dict:
     trainer_dtype = resolve_dtype(args.trainer_dtype, CPU)
     if "vllm" in args.engines and not vllm_engine.installed():
         raise ConfigError("--engines vllm: vLLM is not installed in this environment; run the benchmark with "
-                          ".venv-vllm/bin/a3po (make install-vllm, README) or leave vllm out of --engines")
+                          ".venv-vllm/bin/a3po (make install-vllm, docs/scaling.md) or leave vllm out of --engines")
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_model(args.model)
     out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind

@@ -33,7 +33,7 @@ from a3po.config import Config, ConfigError, dump_yaml
 from a3po.files import unique_dir
 
 RESULTS = "results.json"
-CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (README "What happens when things fail")
+CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (docs/operations.md)
 
 
 @dataclass(frozen=True)

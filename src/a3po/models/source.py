@@ -186,7 +186,7 @@ def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
 
 
 def _smollm2_dir() -> Path:
-    """The converted Hugging Face folder, made on first use (~30 s here) and reused after (<1 s)."""
+    """The converted Hugging Face folder, made once on first use (the slow part) and reused after."""
     target = cache_dir() / "models" / SMOLLM2
     if (target / "config.json").is_file():
         return target

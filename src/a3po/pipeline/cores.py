@@ -1,10 +1,9 @@
 """The trainer borrows the rollout workers' cores while they have nothing to generate.
 
-Cores are split between the trainer and the workers (rollout/pool.py:split_threads), but a
+Cores are split between the trainer and the workers (pipeline/pool.py:split_threads), but a
 worker with no prompt in flight uses none of its share: at the staleness bound it waits for
-the next version, at eta = 0 it waits for every step. On a small machine that is half the
-CPU left idle for most of a step (docs/results.md measured the worker idle 43-65 % of the
-time at the bound on 2 cores). So before every decoder layer's forward and backward the
+the next version, at eta = 0 it waits for every step. On a small machine that can be half the
+CPU left idle for much of a step (docs/results.md). So before every decoder layer's forward and backward the
 trainer sets its thread count to its own share plus the idle workers' shares, and back to
 its own share as soon as a worker has work again. Torch's CPU threads are per calling
 thread and CPU autograd runs on the caller, so module hooks reach every pass the trainer

@@ -9,7 +9,7 @@ the same step count, version, optimizer, scheduler, RNG and data position.
 Exit codes: 0 done, 1 failed during training or no space left to write the run (one line;
 last checkpoint intact), 2 bad configuration, resume folder, data or model (one line), 130
 SIGINT (Ctrl-C) and 143 SIGTERM (one line; workers stopped, last checkpoint intact).
-README.md "Exit codes" is the table users read.
+docs/operations.md "Exit codes" is the table users read.
 """
 
 from __future__ import annotations

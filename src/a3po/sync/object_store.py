@@ -8,10 +8,10 @@ the network once, from the node that holds it. Because a version is never overwr
 a slow worker can still read v while the trainer publishes v + 1; Ray frees a version
 when the trainer and every worker holding its reference have dropped it.
 
-Cost, measured by `a3po bench sync` (SmolLM2, 2-core Zen 4): a put takes 1.7x the
-shared-memory copy (0.11 s against 0.07 s), and a worker on the same node reads a version
-into its model as fast as from shared memory (0.07 s); across nodes a read also moves the
-model's fp32 bytes (651 MB) once per worker per version.
+Cost: a put writes a new object per version, dearer than the shared-memory copy, while a
+worker on the same node maps the object and reads a version as fast as from shared memory;
+across nodes a read also moves the model's fp32 bytes once per worker per version.
+`a3po bench sync` measures both transports (docs/results.md).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ is added to the loss per token, or with actor.kl_in_reward charged to the reward
 `reference_kl`, which the trainer calls before it computes advantages (pipeline/loop.py).
 
 Weights stay fp32 (master copy); with dtype=bfloat16 the forward/backward run under
-autocast, about 3x faster on CPUs with AMX/AVX512-BF16 (docs/design.md §8) but 10-16x slower on
-AVX2-only CPUs, hence dtype=auto. Log-probs are computed only on output
+autocast, faster than fp32 on CPUs with AMX/AVX512-BF16 (docs/design.md §8) but much slower on
+AVX2-only CPUs, which emulate bf16, hence dtype=auto. Log-probs are computed only on output
 tokens and one vocabulary chunk at a time (trainer/logprobs.py). The micro-batch token
 budget counts padded tokens, so micro-batches are formed from length-sorted rows and
 trimmed to their own longest row (tight padding).

@@ -107,10 +107,9 @@ def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperat
 
 
 # On a CPU, up to this many tokens per sequence the model's plain matmul attention ("eager") runs the
-# step faster than the fused scaled-dot-product kernel, whose backward was 11 % of a step: SmolLM2, bf16,
-# one Zen 4 thread, 8 x 104 tokens, a step took 5.64 s against 5.97 s (medians of 4 alternated pairs);
-# about even at 512 tokens, slower at 1,040 (13.4 s against 12.3 s). Its cost is memory: B x heads x T^2
-# attention weights per layer.
+# step faster than the fused scaled-dot-product kernel, whose backward is dear at short lengths; around
+# 512 tokens the two are even and beyond that the fused kernel wins (docs/results.md). Eager's cost is
+# memory: B x heads x T^2 attention weights per layer.
 CPU_EAGER_ATTENTION_MAX_LEN = 256
 
 

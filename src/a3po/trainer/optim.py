@@ -9,9 +9,9 @@ from a3po.config.schema import OptimizerConfig
 
 
 def build_optimizer(params, cfg: OptimizerConfig, total_steps: int):
-    # The fused kernel does the whole update in one pass over each tensor: on a CPU it is ~6x
-    # faster than the default multi-tensor path (0.11 s vs 0.7 s per step for 135M parameters,
-    # one thread), which matters when the optimizer is a tenth of a training step.
+    # The fused kernel does the whole update in one pass over each tensor: on a CPU it is several
+    # times faster than the default multi-tensor path (docs/results.md), which matters because the
+    # optimizer is a noticeable share of a small model's training step.
     params = list(params)
     hyper = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
     try:
