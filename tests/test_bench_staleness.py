@@ -24,13 +24,13 @@ import pytest
 from a3po.bench.args import StalenessArgs
 from a3po.bench.staleness import (
     REASON_ETA0,
-    REASON_REUSE,
     Cell,
     aggregate,
     approx_tables,
     every_d_rows,
     grid,
     plan,
+    reason_single_step,
     stale_distribution,
     steady_steps,
     summarize,
@@ -173,14 +173,14 @@ def test_grid_runs_the_coupled_baseline_at_eta0_and_reuse_at_one_minibatch_only(
         "coupled-eta4-mb4", "recompute-eta4-mb4", "loglinear-eta4-mb4"]
     reasons = {s.cell.key: s.reason for s in skipped}
     assert reasons == {**{f"{a}-eta0-mb{m}": REASON_ETA0 for a in ("recompute", "loglinear", "reuse") for m in (1, 4)},
-                       "reuse-eta4-mb4": REASON_REUSE}
+                       "reuse-eta4-mb4": reason_single_step("reuse")}
     # the baseline runs even when --arms leaves coupled out; --all-arms-at-eta0 runs every arm there
     cells, _ = grid(StalenessArgs(etas=[0, 2], minibatches=[1], arms=["loglinear"]).checked())
     assert [c.key for c in cells] == ["coupled-eta0-mb1", "loglinear-eta2-mb1"]
     cells, skipped = grid(StalenessArgs(etas=[0], minibatches=[4], arms=["loglinear", "reuse"],
                                         all_arms_at_eta0=True).checked())
     assert [c.key for c in cells] == ["coupled-eta0-mb4", "loglinear-eta0-mb4"]
-    assert [(s.cell.key, s.reason) for s in skipped] == [("reuse-eta0-mb4", REASON_REUSE)]
+    assert [(s.cell.key, s.reason) for s in skipped] == [("reuse-eta0-mb4", reason_single_step("reuse"))]
 
 
 def test_plan_orders_seeds_outermost_and_names_a_refused_cell():
@@ -328,7 +328,7 @@ def test_markdown_lists_skipped_cells_and_shows_unlogged_metrics_as_dashes():
     record = {"command": "a3po bench staleness", "args": vars(args), "cpu_model": "cpu", "avx512_bf16": False,
               "cpu_count": 2, "torch": "2", "wall_s": 60.0, "runs": runs, "table": aggregate(runs), "approx": [],
               "configs": {"x": _cfg_dict()},
-              "skipped": [{"cell": "reuse-eta2-mb4", "reason": REASON_REUSE},
+              "skipped": [{"cell": "reuse-eta2-mb4", "reason": reason_single_step("reuse")},
                           {"cell": "reuse-eta0-mb1", "reason": REASON_ETA0}], "plots": []}
     md = markdown(record)
     assert "Skipped cells: `reuse-eta2-mb4`" in md and "`reuse-eta0-mb1`" not in md

@@ -13,7 +13,8 @@ staleness d = v - version(token):
 
 so a token sampled by the previous version (d = 1) gets p = b, i.e. coupled PPO.
 
-Methods live in one table, `PROX_METHODS`, keyed by the names in variants.py;
+Methods live in one table, `PROX_METHODS`, keyed by the names in variants.py and built on
+the traits declared there (which pass a method needs, how many gradient steps it allows);
 `get_method` is the only place a method's name is looked up.
 
 Deliberate deviations from the AReaL reference (1.0.4):
@@ -73,13 +74,9 @@ def linear(logp_behav: Tensor, logp_theta: Tensor, lam: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class ProxMethod:
-    """How one method gets p_t, and what the trainer must do for it."""
+class ProxMethod(variants.ProxTraits):
+    """A method's traits (variants.py, what the trainer must do for it) and how it gets p_t."""
 
-    name: str
-    needs_recompute: bool  # run the extra forward pass of version v before the update
-    single_step_only: bool  # exact only if each sample gets one gradient step
-    reports_errors: bool  # also measure every approximation against the recomputed truth
     fn: Callable[..., Tensor]
 
 
@@ -102,13 +99,15 @@ def _reuse(logp_behav, logp_theta, lam, logp_recomputed):
     return logp_theta.detach()
 
 
-PROX_METHODS: dict[str, ProxMethod] = implements({
-    "recompute": ProxMethod("recompute", True, False, False, _recompute),
-    "loglinear": ProxMethod("loglinear", False, False, False, _loglinear),
-    "linear": ProxMethod("linear", False, False, False, _linear),
-    "reuse": ProxMethod("reuse", False, True, False, _reuse),
-    "metrics": ProxMethod("metrics", True, False, True, _recompute),
-}, variants.PROX_METHODS)
+PROX_METHODS: dict[str, ProxMethod] = {
+    name: ProxMethod(**vars(variants.PROX_TRAITS[name]), fn=fn) for name, fn in implements({
+        "recompute": _recompute,
+        "loglinear": _loglinear,
+        "linear": _linear,
+        "reuse": _reuse,
+        "metrics": _recompute,
+    }, variants.PROX_METHODS).items()
+}
 
 # Approximations compared against the recomputed truth in `metrics` mode. "behav" is
 # coupled PPO's choice p = b, the baseline every approximation should beat.

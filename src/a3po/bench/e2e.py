@@ -29,15 +29,15 @@ from a3po.config import ConfigError, load_config
 ARMS = {a.name: a for a in (
     Arm("sync", "synchronous GRPO (eta = 0, coupled loss)",
         ("rollout.max_head_offpolicyness=0", "actor.use_decoupled_loss=false")),
-    Arm("recompute", "async decoupled PPO, proximal policy recomputed", ("actor.prox_logp_method=recompute",)),
-    Arm("loglinear", "async A-3PO (loglinear interpolation)", ("actor.prox_logp_method=loglinear",)),
-    Arm("linear", "async, linear interpolation in probability", ("actor.prox_logp_method=linear",)),
-    Arm("reuse", "async, p = sg(theta), one minibatch", ("actor.prox_logp_method=reuse", "actor.ppo_n_minibatches=1")),
-    Arm("metrics", "async recompute, logging every approximation's error", ("actor.prox_logp_method=metrics",)),
-    Arm("ranks2", "A-3PO with 2 data-parallel trainer ranks (FSDP2)",
-        ("actor.prox_logp_method=loglinear", "cluster.n_trainer_ranks=2")),
-    Arm("ray", "A-3PO with the rollout worker a Ray actor, weights through Ray's object store",
-        ("actor.prox_logp_method=loglinear", "cluster.launcher=ray")),
+    Arm.trains_with("recompute", "async decoupled PPO, proximal policy recomputed", "recompute", one_step=True),
+    Arm.trains_with("loglinear", "async A-3PO (loglinear interpolation)", "loglinear", one_step=True),
+    Arm.trains_with("linear", "async, linear interpolation in probability", "linear", one_step=True),
+    Arm.trains_with("reuse", "async, p = sg(theta), one minibatch", "reuse", one_step=True),
+    Arm.trains_with("metrics", "async recompute, logging every approximation's error", "metrics", one_step=True),
+    Arm.trains_with("ranks2", "A-3PO with 2 data-parallel trainer ranks (FSDP2)", "loglinear",
+                    "cluster.n_trainer_ranks=2"),
+    Arm.trains_with("ray", "A-3PO with the rollout worker a Ray actor, weights through Ray's object store",
+                    "loglinear", "cluster.launcher=ray"),
 )}
 assert tuple(ARMS) == ARM_NAMES
 

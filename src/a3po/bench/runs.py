@@ -26,6 +26,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from a3po.algo.variants import prox_traits
 from a3po.bench.args import TrainBenchArgs
 from a3po.bench.common import machine as common_machine
 from a3po.bench.common import progress
@@ -43,6 +44,19 @@ class Arm:
     name: str
     label: str
     overrides: tuple[str, ...]
+    method: str | None = None  # the actor.prox_logp_method the overrides set (`trains_with`), if any
+
+    @classmethod
+    def trains_with(cls, name: str, label: str, method: str, *extra: str, one_step: bool = False) -> Arm:
+        """An arm on prox_logp_method=`method` and the `extra` overrides; with `one_step`, a method that is
+        exact only with one gradient step per sample (variants.py) also gets actor.ppo_n_minibatches=1."""
+        pin = ("actor.ppo_n_minibatches=1",) if one_step and prox_traits(method).single_step_only else ()
+        return cls(name, label, (f"actor.prox_logp_method={method}", *pin, *extra), method)
+
+    @property
+    def single_step_only(self) -> bool:
+        """Does the arm's proximal method allow only one gradient step per sample (variants.py)?"""
+        return self.method is not None and prox_traits(self.method).single_step_only
 
 
 @dataclass(frozen=True)

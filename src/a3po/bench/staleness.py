@@ -41,13 +41,16 @@ from a3po.config import Config, ConfigError, load_config
 
 ARMS = {a.name: a for a in (
     Arm("coupled", "coupled PPO/GRPO (the behaviour policy as proximal)", ("actor.use_decoupled_loss=false",)),
-    Arm("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)",
-        ("actor.prox_logp_method=metrics",)),
-    Arm("loglinear", "A-3PO, loglinear interpolation", ("actor.prox_logp_method=loglinear",)),
-    Arm("reuse", "p = sg(theta), one minibatch only", ("actor.prox_logp_method=reuse",)),
+    Arm.trains_with("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)", "metrics"),
+    Arm.trains_with("loglinear", "A-3PO, loglinear interpolation", "loglinear"),
+    Arm.trains_with("reuse", "p = sg(theta), one minibatch only", "reuse"),
 )}
 assert tuple(ARMS) == STALENESS_ARMS
-REASON_REUSE = "reuse is exact only with one gradient step per sample (the configuration refuses it)"
+
+
+def reason_single_step(method: str) -> str:
+    """Why a cell of a single-step-only method (variants.py) at more than one minibatch is skipped."""
+    return f"{method} is exact only with one gradient step per sample (the configuration refuses it)"
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,8 @@ def grid(args: StalenessArgs) -> tuple[list[Cell], list[Skipped]]:
                 cell = Cell(arm, eta, mb)
                 if eta == 0 and arm != BASELINE and not args.all_arms_at_eta0:
                     skipped.append(Skipped(cell, REASON_ETA0))
-                elif arm == "reuse" and mb != 1:
-                    skipped.append(Skipped(cell, REASON_REUSE))
+                elif ARMS[arm].single_step_only and mb != 1:
+                    skipped.append(Skipped(cell, reason_single_step(ARMS[arm].method)))
                 else:
                     cells.append(cell)
     return cells, skipped

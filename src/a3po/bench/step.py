@@ -11,7 +11,8 @@ d = 0..eta so that the interpolation really interpolates.
 Two measurements:
   1. the step: wall time of `ppo_update`, split into the proximal forward pass
      (`perf/prox_logp_s`), forward/backward and optimizer (`perf/optimizer_s`), for each
-     method at each minibatch count (reuse only at one: the config refuses it otherwise);
+     method at each minibatch count (reuse, exact only with one gradient step per sample,
+     only at one: the config refuses it otherwise);
      forward/backward also as model GFLOP/s (bench/flops.py: 6 FLOPs per linear weight per
      token) and as a share of a large matmul's rate in the same dtype and thread count,
      measured in this run;
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from a3po.algo import proximal_logp
+from a3po.algo.variants import prox_traits
 from a3po.bench.args import StepBenchArgs
 from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
 from a3po.bench.flops import MATMUL_SIZE, matmul_rate, training_flops
@@ -62,7 +64,9 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
 
 
 def arms_for(args: StepBenchArgs) -> list[tuple[str, int]]:
-    return [(method, m) for m in args.minibatches for method in args.methods if not (method == "reuse" and m != 1)]
+    """Every (method, minibatch count) to time; a single-step-only method (variants.py) at one minibatch only."""
+    return [(method, m) for m in args.minibatches for method in args.methods
+            if m == 1 or not prox_traits(method).single_step_only]
 
 
 def time_interpolation(batch, method: str, v: int, min_repeats: int = 50, min_s: float = 0.3) -> list[float]:

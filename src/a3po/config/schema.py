@@ -252,9 +252,9 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     a, base = cfg.actor, ActorConfig()
     a_changed = {name for name in vars(a) if getattr(a, name) != getattr(base, name)}
     problems = []
-    if a.prox_logp_method == "reuse" and a.ppo_n_minibatches != 1:
+    if variants.prox_traits(a.prox_logp_method).single_step_only and a.ppo_n_minibatches != 1:
         problems.append(("actor.ppo_n_minibatches", a.ppo_n_minibatches,
-                         "prox_logp_method=reuse is exact only with one gradient step per sample: "
+                         f"prox_logp_method={a.prox_logp_method} is exact only with one gradient step per sample: "
                          "set ppo_n_minibatches=1 or choose loglinear"))
     if not a.use_decoupled_loss:
         decoupled_only = ("prox_logp_method", "behav_imp_weight_cap", "behav_imp_weight_mode", "m2_threshold")
