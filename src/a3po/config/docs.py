@@ -1,12 +1,9 @@
 """Reference pages generated from the code, so that they cannot drift from it.
 
-    python -m a3po.config.docs docs               write docs/config.md (from the schema) and
-                                                  docs/metrics.md (from a3po/metrics.py)
-    python -m a3po.config.docs --write README.md  refresh the table README.md embeds between the markers below
-    python -m a3po.config.docs                    print that table
+    python -m a3po.config.docs docs    (or `make docs`) write docs/config.md from the schema and
+                                       docs/metrics.md from a3po/metrics.py
 
-tests/test_docs.py fails when a committed page differs from what this generates, and
-tests/test_config.py when README.md's table does.
+tests/test_docs.py fails when a committed page differs from what this generates.
 """
 
 from __future__ import annotations
@@ -18,11 +15,10 @@ import sys
 import typing
 from pathlib import Path
 
-from a3po.config.load import all_keys, default_of, type_name
+from a3po.config.load import default_of, type_name
 from a3po.config.schema import Config
 from a3po.metrics import NAMESPACES, NOTATION, REGISTRY, namespace, placeholders
 
-BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 COMMAND = "python -m a3po.config.docs docs"
 
 
@@ -35,23 +31,6 @@ def _default(f: dataclasses.Field) -> str:
     if isinstance(d, (list, dict)):
         return json.dumps(d)
     return str(d)
-
-
-def reference_table() -> str:
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, f in all_keys().items():
-        d = default_of(f)
-        d = "null" if d is None else (str(d).lower() if isinstance(d, bool) else d)
-        choices = f.metadata.get("choices")
-        allowed = f" One of: {', '.join(f'`{c}`' for c in choices)}." if choices else ""
-        rows.append(f"| `{key}` | {type_name(f.type)} | `{d}` | {f.metadata['help']}.{allowed} |")
-    return "\n".join(rows)
-
-
-def embed(text: str) -> str:
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{reference_table()}\n{END}{tail}"
 
 
 def _allowed(meta: dict) -> str:
@@ -146,13 +125,7 @@ def write_pages(folder: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--write":
-        p = Path(sys.argv[2])
-        p.write_text(embed(p.read_text()))
-    elif len(sys.argv) == 2 and not sys.argv[1].startswith("-"):
-        for path in write_pages(Path(sys.argv[1])):
-            print(f"wrote {path}")
-    elif len(sys.argv) == 1:
-        print(reference_table())
-    else:
-        sys.exit(f"usage: {COMMAND} | python -m a3po.config.docs [--write README.md]")
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        sys.exit(f"usage: {COMMAND} (writes config.md and metrics.md into the folder named)")
+    for path in write_pages(Path(sys.argv[1])):
+        print(f"wrote {path}")
