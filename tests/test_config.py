@@ -185,6 +185,7 @@ def test_variant_names_come_from_one_list_each_read_without_torch():
     from a3po.algo import variants
     from a3po.algo.schedule import LR_SCHEDULES
     from a3po.bench.args import METHODS
+    from a3po.config import choices
 
     keys = all_keys()
     lists = {
@@ -200,6 +201,14 @@ def test_variant_names_come_from_one_list_each_read_without_torch():
     for key, names in lists.items():
         assert tuple(keys[key].metadata["choices"]) == names, key
     assert set(METHODS) == set(variants.PROX_METHODS) - {"metrics"}
+    settings = {  # the enumerated settings code branches on: one vocabulary each (config/choices.py)
+        "actor.dtype": choices.Dtype.CHOICES, "rollout.dtype": choices.Dtype.CHOICES,
+        "rollout.backend": choices.Backend.CHOICES, "rollout.forward": choices.Forward.CHOICES,
+        "rollout.weight_update": choices.WeightUpdate.CHOICES, "cluster.launcher": choices.Launcher.CHOICES,
+        "cluster.data_parallel": choices.DpMode.CHOICES,
+    }
+    for key, names in settings.items():
+        assert tuple(keys[key].metadata["choices"]) == names and default_of(keys[key]) in names, key
     # the CLI (--help included) builds every choice list without paying torch's import
     code = "import sys, a3po.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from a3po.config import ConfigError, load_config
-from a3po.devices import native_bf16, resolve_device, resolve_dtype
+from a3po.config.choices import Dtype
+from a3po.devices import native_bf16, resolve_device, resolve_dtype, torch_dtype
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.trainer.engine import TrainEngine
@@ -64,6 +65,13 @@ def test_dtype_auto_on_the_cpu_follows_the_cpu_even_when_a_gpu_exists(monkeypatc
     assert resolve_dtype("auto", CPU) == expected
     assert native_bf16(torch.device("cuda")) is True
     assert resolve_dtype("float32", torch.device("cuda")) == "float32"
+
+
+def test_every_dtype_choice_resolves_to_a_torch_dtype():
+    assert {torch_dtype(resolve_dtype(name, CPU)) for name in Dtype.CHOICES} <= {torch.float32, torch.bfloat16}
+    assert torch_dtype("bfloat16") is torch.bfloat16
+    with pytest.raises(ValueError, match="choose from float32, bfloat16"):
+        torch_dtype("auto")  # resolved first, by resolve_dtype
 
 
 DEVICES = ["cpu"] + (["cuda"] if CUDA else [])

@@ -77,6 +77,7 @@ def _add_bench_parsers(sub) -> None:
         StepBenchArgs,
         SyncBenchArgs,
     )
+    from a3po.config.choices import Dtype
 
     bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side "
                                          "(step, rollout, sync, e2e, staleness)",
@@ -87,7 +88,7 @@ def _add_bench_parsers(sub) -> None:
                             description="Time ppo_update on one fixed batch for each proximal method at each "
                                         "minibatch count, and the proximal computation alone.")
     step.add_argument("--model", default=d.model, help="actor.path (tiny-256x4 for a quick run)")
-    step.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=d.dtype)
+    step.add_argument("--dtype", choices=Dtype.CHOICES, default=d.dtype)
     step.add_argument("--batch", type=int, default=d.batch, help="sequences in the batch")
     step.add_argument("--prompt-len", type=int, default=d.prompt_len)
     step.add_argument("--output-len", type=int, default=d.output_len)

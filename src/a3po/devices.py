@@ -17,14 +17,17 @@ from pathlib import Path
 import torch
 
 from a3po.config import ConfigError
+from a3po.config.choices import AUTO, Device, Dtype
+
+TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.BFLOAT16: torch.bfloat16}  # every resolved Dtype name
 
 
 def resolve_device(name: str, key: str) -> torch.device:
     """The torch device `key` (the config key, for the message) asks for; a one-line error if it is not here."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == AUTO:
+        return torch.device(Device.CUDA if torch.cuda.is_available() else Device.CPU)
     device = torch.device(name)
-    if device.type == "cuda":
+    if device.type == Device.CUDA:
         if not torch.cuda.is_available():
             raise ConfigError(f"{key}={name}, but this torch ({torch.__version__}) sees no CUDA device; install "
                               f"torch's CUDA build (docs/scaling.md) or set {key}=cpu")
@@ -36,7 +39,7 @@ def resolve_device(name: str, key: str) -> torch.device:
 
 def native_bf16(device: torch.device) -> bool:
     """Does `device` compute bf16 matmuls natively (fast), rather than emulate them?"""
-    if device.type == "cuda":
+    if device.type == Device.CUDA:
         return torch.cuda.is_bf16_supported()
     try:
         flags = Path("/proc/cpuinfo").read_text()
@@ -46,7 +49,15 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:
-    """'float32' or 'bfloat16' for a dtype key ('auto', 'float32', 'bfloat16') on `device`."""
-    if name == "auto":
-        return "bfloat16" if native_bf16(device) else "float32"
+    """Dtype.FLOAT32 or Dtype.BFLOAT16 for a dtype key (one of Dtype.CHOICES) on `device`."""
+    if name == AUTO:
+        return Dtype.BFLOAT16 if native_bf16(device) else Dtype.FLOAT32
     return name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a resolved dtype name (Dtype.RESOLVED); the one place such a name becomes torch's."""
+    try:
+        return TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r}: choose from {', '.join(TORCH_DTYPES)}") from None

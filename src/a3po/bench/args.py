@@ -5,13 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from a3po.algo.variants import PROX_METHODS
+from a3po.config.choices import AUTO, Backend, Dtype
 
 # bench step's proximal methods: every way of getting p; metrics is recompute plus error bookkeeping
 METHODS = tuple(m for m in PROX_METHODS if m != "metrics")
-ROLLOUT_DTYPES = ("float32", "bfloat16")  # bench rollout's engine dtypes (rollout.dtype's choices)
-# bench rollout's engines: local (rollout.forward=auto), local-hf (rollout.forward=hf), model.generate, and vllm
-# only where vLLM is installed
-ROLLOUT_ENGINES = ("local", "local-hf", "generate", "vllm")
+ROLLOUT_DTYPES = Dtype.RESOLVED  # bench rollout's engine dtypes (rollout.dtype's choices but auto)
+
+
+class Engine:
+    """bench rollout's engines (`--engines`)."""
+
+    LOCAL = "local"  # the local engine, rollout.forward=auto
+    LOCAL_HF = "local-hf"  # the local engine, rollout.forward=hf
+    GENERATE = "generate"  # Hugging Face model.generate, timed only (no log-probs)
+    VLLM = Backend.VLLM  # rollout.backend=vllm, only where vLLM is installed
+
+
+ROLLOUT_ENGINES = (Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE, Engine.VLLM)
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2", "ray")  # bench e2e's (e2e.py)
 E2E_DEFAULT_ARMS = ARM_NAMES[:-2]  # ranks2 and ray measure the launchers, not the method: asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
@@ -24,7 +34,7 @@ REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there
 @dataclass
 class StepBenchArgs:
     model: str = "smollm2-135m-instruct"
-    dtype: str = "auto"
+    dtype: str = AUTO
     batch: int = 8
     prompt_len: int = 40
     output_len: int = 64
@@ -56,8 +66,8 @@ class StepBenchArgs:
 class RolloutBenchArgs:
     model: str = "smollm2-135m-instruct"
     dtypes: list[str] = field(default_factory=lambda: list(ROLLOUT_DTYPES))
-    engines: list[str] = field(default_factory=lambda: ["local", "local-hf", "generate"])
-    trainer_dtype: str = "auto"  # the actor dtype the log-prob gap is measured against
+    engines: list[str] = field(default_factory=lambda: [Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE])
+    trainer_dtype: str = AUTO  # the actor dtype the log-prob gap is measured against
     batch: int = 64  # the rollout worker's max batch: one worker's full load
     group: int = 1  # requests per distinct prompt (gconfig.n_samples in a run): a group's prompt is one prefill
     max_new_tokens: int = 24  # gconfig.max_new_tokens' default
@@ -83,8 +93,8 @@ class RolloutBenchArgs:
                      for e in self.engines if e not in ROLLOUT_ENGINES]
         problems += (["--engines: give at least one, each once"]
                      if not self.engines or len(set(self.engines)) < len(self.engines) else [])
-        problems += [f"--trainer-dtype: unknown '{self.trainer_dtype}' (choose from auto,{','.join(ROLLOUT_DTYPES)})"
-                     ] if self.trainer_dtype not in ("auto", *ROLLOUT_DTYPES) else []
+        problems += [f"--trainer-dtype: unknown '{self.trainer_dtype}' (choose from {','.join(Dtype.CHOICES)})"
+                     ] if self.trainer_dtype not in Dtype.CHOICES else []
         if problems:
             raise ConfigError(problems[0])
         return self

@@ -60,23 +60,23 @@ from pathlib import Path
 
 import torch
 
-from a3po.bench.args import ROLLOUT_ENGINES, RolloutBenchArgs
+from a3po.bench.args import ROLLOUT_ENGINES, Engine, RolloutBenchArgs
 from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
 from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate
 from a3po.config import ConfigError, load_config
+from a3po.config.choices import AUTO, Dtype, Forward, WeightUpdate
 from a3po.data import Example
-from a3po.devices import native_bf16, resolve_dtype
+from a3po.devices import native_bf16, resolve_dtype, torch_dtype
 from a3po.files import unique_dir
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout import Completion, GenerationRequest, generate, vllm_engine
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
-from a3po.rollout.worker import DTYPES
 from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
-UPDATE_MODES = ("keep_kv", "reprefill")  # rollout.weight_update, as engines "update:<mode>"
-SAMPLERS = ("local", "local-hf", "vllm")  # the engines that report log-probs (generate only times)
+UPDATE_MODES = (WeightUpdate.KEEP_KV, WeightUpdate.REPREFILL)  # rollout.weight_update, as engines "update:<mode>"
+SAMPLERS = (Engine.LOCAL, Engine.LOCAL_HF, Engine.VLLM)  # the engines that report log-probs (generate only times)
 Sampler = Callable[[list[list[int]], int, int], list[Completion]]  # (prompts, max_new_tokens, seed) -> completions
 
 
@@ -158,27 +158,28 @@ def samplers(base, tokenizer, args: RolloutBenchArgs, stack: ExitStack) -> tuple
     """Every engine per dtype, and each vLLM engine's start-up seconds. A float32 model is `base` itself,
     others are casts of it (same weights). With update_every, the local engine's two weight-update modes
     in the rollout default dtype too."""
-    update_dtype = resolve_dtype("auto", CPU)
+    update_dtype = resolve_dtype(AUTO, CPU)
     pad_id = tokenizer.pad_token_id
-    models = {d: base if d == "float32" else copy.deepcopy(base).to(DTYPES[d]) for d in {*args.dtypes, update_dtype}}
-    forwards = {"local": "auto", "local-hf": "hf"}  # rollout.forward of each local arm
+    models = {d: base if d == Dtype.FLOAT32 else copy.deepcopy(base).to(torch_dtype(d))
+              for d in {*args.dtypes, update_dtype}}
+    forwards = {Engine.LOCAL: AUTO, Engine.LOCAL_HF: Forward.HF}  # rollout.forward of each local arm
     arms: dict[Arm, Sampler] = {}
     started: dict[str, float] = {}
     for d in args.dtypes:
         for e in (e for e in ROLLOUT_ENGINES if e in args.engines):
-            if e == "vllm":
+            if e == Engine.VLLM:
                 progress(f"  starting vLLM ({d}) ...")
                 engine, started[d] = start_vllm(models[d], tokenizer, d, args.batch, args.threads, stack)
                 progress(f"  vLLM ({d}) ready in {started[d]:.1f} s")
                 arms[Arm(e, d)] = partial(vllm_sample, engine)
-            elif e == "generate":
+            elif e == Engine.GENERATE:
                 arms[Arm(e, d)] = partial(hf_sample, models[d], pad_id)
             else:
                 arms[Arm(e, d)] = partial(local_sample, models[d], forwards[e])
-    if args.update_every and "local" in args.engines:
+    if args.update_every and Engine.LOCAL in args.engines:
         for mode in UPDATE_MODES:
             arms[Arm(f"update:{mode}", update_dtype)] = partial(updating_sample, models[update_dtype],
-                                                                args.update_every, mode == "reprefill")
+                                                                args.update_every, mode == WeightUpdate.REPREFILL)
     return arms, started
 
 
@@ -231,8 +232,9 @@ def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str], flops
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
             **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
             "gflops": gflops, "of_matmul": gflops / rates[arm.dtype],
-            "over_generate": over(arm, Arm("generate", arm.dtype)) if sampler else None,
-            "over_local": over(arm, Arm("local", arm.dtype)) if arm.engine in ("vllm", "local-hf") else None,
+            "over_generate": over(arm, Arm(Engine.GENERATE, arm.dtype)) if sampler else None,
+            "over_local": (over(arm, Arm(Engine.LOCAL, arm.dtype)) if arm.engine in (Engine.VLLM, Engine.LOCAL_HF)
+                           else None),
             "over_first_dtype": (1.0 if arm.dtype == dtypes[0] else over(arm, Arm(arm.engine, dtypes[0])))
             if not arm.engine.startswith("update:") else None,
         })
@@ -250,7 +252,7 @@ def load_model(name: str):
 def run(args: RolloutBenchArgs) -> dict:
     torch.set_num_threads(args.threads)
     trainer_dtype = resolve_dtype(args.trainer_dtype, CPU)
-    if "vllm" in args.engines and not vllm_engine.installed():
+    if Engine.VLLM in args.engines and not vllm_engine.installed():
         raise ConfigError("--engines vllm: vLLM is not installed in this environment; run the benchmark with "
                           ".venv-vllm/bin/a3po (make install-vllm, docs/scaling.md) or leave vllm out of --engines")
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
@@ -260,8 +262,8 @@ def run(args: RolloutBenchArgs) -> dict:
     progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
              f"engines {','.join(args.engines)}, {args.threads} thread(s); writing to {out}")
     rates = {}
-    for d in sorted({*args.dtypes, resolve_dtype("auto", CPU)}):
-        rates[d] = matmul_rate(DTYPES[d])
+    for d in sorted({*args.dtypes, resolve_dtype(AUTO, CPU)}):
+        rates[d] = matmul_rate(torch_dtype(d))
         progress(f"  matmul rate, {d}, {args.threads} thread(s): {rates[d]:.0f} GFLOP/s")
     with ExitStack() as engines:  # vLLM engines, closed (their /dev/shm folders removed) however this ends
         arms, vllm_start = samplers(base, tok, args, engines)
@@ -275,7 +277,7 @@ def run(args: RolloutBenchArgs) -> dict:
             for a in first if a.engine in SAMPLERS]
     rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes,
                     generation_flops(base, [len(p) for p in prompts], args.max_new_tokens), rates)
-    local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == "local"}
+    local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == Engine.LOCAL}
     record = {
         "benchmark": "rollout", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
         "batch": args.batch, "group": args.group, "max_new_tokens": args.max_new_tokens, "matmul_gflops": rates,
@@ -285,9 +287,10 @@ def run(args: RolloutBenchArgs) -> dict:
         "machine": {**machine(), "native_bf16": native_bf16(CPU)}, "torch": torch.__version__, "args": asdict(args),
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "arms": rows, "gap": gaps,
-        "local_bf16_over_fp32": local["bfloat16"] / local["float32"] if {"float32", "bfloat16"} <= set(local) else None,
+        "local_bf16_over_fp32": (local[Dtype.BFLOAT16] / local[Dtype.FLOAT32]
+                                 if {Dtype.FLOAT32, Dtype.BFLOAT16} <= set(local) else None),
         "update_every": args.update_every,
-        "keep_kv_over_reprefill": _ratio(rows, "update:keep_kv", "update:reprefill"),
+        "keep_kv_over_reprefill": _ratio(rows, *(f"update:{mode}" for mode in UPDATE_MODES)),
     }
     save_report(out, "rollout", record, markdown(record))
     return record

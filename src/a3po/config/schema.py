@@ -5,7 +5,8 @@ arguments) is exactly these defaults. Key names follow AReaL's where AReaL has o
 (`actor.prox_logp_method`, `rollout.max_head_offpolicyness`, `gconfig.n_samples`, ...)
 so that its users need not relearn them. The names of the algorithm's variants
 (`choices` of prox_logp_method, behav_imp_weight_mode, ...) are read from their one
-list each in a3po.algo.variants and a3po.algo.schedule. Each field's `help` is shown by
+list each in a3po.algo.variants and a3po.algo.schedule, those of the enumerated settings
+(dtype, device, backend, ...) from a3po.config.choices. Each field's `help` is shown by
 `a3po train --help`; `choices` and the bounds `ge/gt/le/lt` are enforced at load time
 by `a3po.config.load`, which also checks the combinations in `check_consistency`.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from a3po.algo import variants
 from a3po.algo.schedule import LR_SCHEDULES
+from a3po.config.choices import AUTO, Backend, Device, DpMode, Dtype, Forward, Launcher, WeightUpdate
 
 
 def opt(default: Any, help: str, **rules: Any) -> Any:
@@ -27,7 +29,7 @@ def opt(default: Any, help: str, **rules: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-DEVICE = dict(pattern=r"auto|cpu|cuda(:[0-9]+)?", pattern_help="use auto, cpu, cuda or cuda:N")
+DEVICE = dict(pattern=Device.PATTERN, pattern_help=Device.PATTERN_HELP)
 
 
 def section(cls: type, help: str) -> Any:
@@ -65,11 +67,11 @@ class MicroBatchConfig:
 class ActorConfig:
     path: str = opt("smollm2-135m-instruct",
                     "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
-    device: str = opt("auto", "where the trainer computes: cpu, cuda, cuda:N; auto = cuda when torch sees a GPU, "
+    device: str = opt(AUTO, "where the trainer computes: cpu, cuda, cuda:N; auto = cuda when torch sees a GPU, "
                       "else cpu", **DEVICE)
-    dtype: str = opt("auto", "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 "
+    dtype: str = opt(AUTO, "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 "
                      "where actor.device computes it natively (most CUDA GPUs, AVX512-BF16/AMX CPUs), else float32",
-                     choices=("auto", "float32", "bfloat16"))
+                     choices=Dtype.CHOICES)
     gradient_checkpointing: bool = opt(False, "recompute activations in backward to save memory")
     fp32_lm_head: bool = opt(False, "compute the LM head (the logits) in fp32 in the trainer and in every rollout "
                                     "engine, even where the rest runs in bf16: sampler and trainer log-probs then "
@@ -124,8 +126,9 @@ class GenerationConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = opt("local", "rollout engine in each worker: local (a3po's own sampler, any device) or vllm "
-                                "(needs the vllm extra, README)", choices=("local", "vllm"))
+    backend: str = opt(Backend.LOCAL,
+                       "rollout engine in each worker: local (a3po's own sampler, any device) or vllm "
+                       "(needs the vllm extra, README)", choices=Backend.CHOICES)
     vllm_gpu_memory: float = opt(0.4, "with rollout.backend=vllm on a GPU: the share of that GPU's memory each "
                                       "worker's vLLM engine reserves (weights and KV cache); leave room for the "
                                       "trainer when both share a GPU, and divide by n_workers", gt=0, lt=1)
@@ -140,20 +143,21 @@ class RolloutConfig:
                                       "bound, or between steps at eta=0), the trainer computes with their threads "
                                       "too; only where the workers compute on this machine's CPU with the local "
                                       "backend under the local launcher (elsewhere it does nothing)")
-    device: str = opt("auto", "where every rollout worker computes: cpu, cuda, cuda:N (e.g. the trainer on cuda:0, "
+    device: str = opt(AUTO, "where every rollout worker computes: cpu, cuda, cuda:N (e.g. the trainer on cuda:0, "
                       "rollout on cuda:1); auto = cuda when torch sees a GPU, else cpu", **DEVICE)
-    dtype: str = opt("auto", "parameter dtype of the rollout engines' model copy; auto = bfloat16 where rollout.device "
+    dtype: str = opt(AUTO, "parameter dtype of the rollout engines' model copy; auto = bfloat16 where rollout.device "
                      "computes it natively (most CUDA GPUs, AVX512-BF16/AMX CPUs), else float32",
-                     choices=("auto", "float32", "bfloat16"))
-    forward: str = opt("auto", "the local engine's forward pass: a3po (its own for Llama and Qwen2 models: a "
+                     choices=Dtype.CHOICES)
+    forward: str = opt(AUTO, "the local engine's forward pass: a3po (its own for Llama and Qwen2 models: a "
                                "preallocated KV cache written in place, batched-matmul attention in fp32) or hf (the "
                                "model's Hugging Face forward, any architecture); auto = a3po where the model is "
-                               "supported, else hf", choices=("auto", "a3po", "hf"))
-    weight_update: str = opt("keep_kv", "what a worker does with sequences in flight when new weights arrive: keep_kv "
-                                        "(keep the KV cache older weights computed and continue with the new weights; "
-                                        "log-probs stay exact, only the prefix is of older weights) or reprefill "
-                                        "(recompute their KV cache with the new weights: exact, but one prefill of "
-                                        "every running sequence per version)", choices=("reprefill", "keep_kv"))
+                               "supported, else hf", choices=Forward.CHOICES)
+    weight_update: str = opt(WeightUpdate.KEEP_KV,
+                             "what a worker does with sequences in flight when new weights arrive: keep_kv "
+                             "(keep the KV cache older weights computed and continue with the new weights; "
+                             "log-probs stay exact, only the prefix is of older weights) or reprefill "
+                             "(recompute their KV cache with the new weights: exact, but one prefill of "
+                             "every running sequence per version)", choices=WeightUpdate.CHOICES)
     stall_timeout_s: float = opt(600.0, "stop the run when the trainer waits on its rollout workers and none reports "
                                         "progress for this long; also the limit for a worker to start", gt=0)
     worker_timeout_s: float = opt(120.0, "a rollout worker that sends no heartbeat for this long is taken for hung, "
@@ -210,14 +214,16 @@ class ClusterConfig:
     n_trainer_ranks: int = opt(1, "data-parallel trainer processes (torch.distributed: gloo on CPU, "
                                   "NCCL on GPU); each trains on its share of every step's batch. Under torchrun "
                                   "the launcher's WORLD_SIZE decides instead", ge=1)
-    data_parallel: str = opt("fsdp2", "how the ranks hold the model: fsdp2 (parameters, gradients and optimizer "
-                                      "state sharded with fully_shard) or ddp (replicated, gradients averaged)",
-                             choices=("fsdp2", "ddp"))
+    data_parallel: str = opt(DpMode.FSDP2,
+                             "how the ranks hold the model: fsdp2 (parameters, gradients and optimizer "
+                             "state sharded with fully_shard) or ddp (replicated, gradients averaged)",
+                             choices=DpMode.CHOICES)
     timeout_s: float = opt(600.0, "longest wait of one trainer rank on the others (a collective, the start-up) "
                                   "before the run stops", gt=0)
-    launcher: str = opt("local", "who starts trainer ranks 1..N-1 and the rollout workers: local (processes on "
-                                 "this machine, weights through shared memory) or ray (actors placed on a Ray "
-                                 "cluster's nodes, weights through Ray's object store)", choices=("local", "ray"))
+    launcher: str = opt(Launcher.LOCAL,
+                        "who starts trainer ranks 1..N-1 and the rollout workers: local (processes on "
+                        "this machine, weights through shared memory) or ray (actors placed on a Ray "
+                        "cluster's nodes, weights through Ray's object store)", choices=Launcher.CHOICES)
     ray_address: str | None = opt(None, "address of the Ray cluster with launcher=ray: host:port of its head, or "
                                         "auto (the cluster already running on this machine); null = RAY_ADDRESS, "
                                         "or else a Ray instance started for this run alone")
@@ -284,12 +290,12 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                 f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
                 "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
                 "lower gconfig.temperature instead")))
-    if cfg.cluster.n_trainer_ranks > 1 and a.device.startswith("cuda:"):
+    if cfg.cluster.n_trainer_ranks > 1 and a.device.startswith(f"{Device.CUDA}:"):
         problems.append(("actor.device", a.device, (
             f"cuda or auto with cluster.n_trainer_ranks={cfg.cluster.n_trainer_ranks}: each rank takes a GPU "
             "of its own (cuda:<rank>); CUDA_VISIBLE_DEVICES picks which")))
     c = cfg.cluster
-    if c.launcher == "local" and c.ray_address is not None:
+    if c.launcher == Launcher.LOCAL and c.ray_address is not None:
         problems.append(("cluster.ray_address", c.ray_address, "null with cluster.launcher=local, "
                                                                "or set cluster.launcher=ray"))
     if cfg.gconfig.n_samples == 1 and a.adv_norm.mean_level == "group":

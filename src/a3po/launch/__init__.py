@@ -15,6 +15,7 @@ Ray is imported only when cluster.launcher=ray.
 from __future__ import annotations
 
 from a3po.config import Config, ConfigError
+from a3po.config.choices import Launcher
 
 
 def check_ray(what: str) -> None:
@@ -28,13 +29,13 @@ def check_ray(what: str) -> None:
 
 def check(cfg: Config) -> None:
     """Fail before any process starts when the launcher cannot be used at all."""
-    if cfg.cluster.launcher == "ray":
+    if cfg.cluster.launcher == Launcher.RAY:
         check_ray("cluster.launcher=ray")
 
 
 def make_launcher(cfg: Config, followers: int, per_worker: int, trainer_threads: int):
     """The launcher cluster.launcher names, holding what `followers` ranks and the rollout workers will take."""
-    if cfg.cluster.launcher == "ray":
+    if cfg.cluster.launcher == Launcher.RAY:
         from a3po.launch.ray_cluster import RayLauncher
 
         return RayLauncher(cfg, followers, per_worker, trainer_threads)

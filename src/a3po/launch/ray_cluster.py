@@ -35,6 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from a3po import signals
 from a3po.config import Config, ConfigError
+from a3po.config.choices import AUTO, Device
 from a3po.launch.local import WorkerChannels
 from a3po.sync.object_store import ObjectStoreWeights
 
@@ -215,7 +216,7 @@ class RayLauncher:
         signals.install()  # ray.init replaced the SIGTERM handler with one that exits on the spot
         self.where = where
         have = ray.cluster_resources()
-        on_gpu = lambda device: int(device.startswith("cuda") or (device == "auto" and have.get("GPU", 0) > 0))
+        on_gpu = lambda device: int(device.startswith(Device.CUDA) or (device == AUTO and have.get("GPU", 0) > 0))
         gpu_rank, gpu_worker = on_gpu(cfg.actor.device), on_gpu(cfg.rollout.device)
         bundles = ([{"CPU": trainer_threads, **({"GPU": gpu_rank} if gpu_rank else {})}] * followers
                    + [{"CPU": per_worker, **({"GPU": gpu_worker} if gpu_worker else {})}] * cfg.rollout.n_workers)

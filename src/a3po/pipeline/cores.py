@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from a3po.config import Config
+from a3po.config.choices import Backend, Launcher
 
 
 def lends_cores(cfg: Config, rollout_device: torch.device) -> bool:
@@ -37,8 +38,8 @@ def lends_cores(cfg: Config, rollout_device: torch.device) -> bool:
     its share is not what rollout computes on), not with the vLLM backend (vLLM manages its
     threads itself, its CPU build makes torch.set_num_threads a no-op in the worker, so the
     worker's share is not known to be what it uses)."""
-    return (cfg.rollout.lend_idle_cores and cfg.cluster.launcher == "local" and cfg.rollout.backend == "local"
-            and rollout_device.type == "cpu")
+    return (cfg.rollout.lend_idle_cores and cfg.cluster.launcher == Launcher.LOCAL
+            and cfg.rollout.backend == Backend.LOCAL and rollout_device.type == "cpu")
 
 
 class CoreLender:

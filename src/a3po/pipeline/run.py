@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from a3po import signals
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
+from a3po.config.choices import Backend, Launcher
 from a3po.data import DataError, RewardProcess, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
@@ -149,7 +150,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     device = ranks.rank_device(cfg.actor.device, 0)
     rollout_device = resolve_device(cfg.rollout.device, "rollout.device")  # here: a worker's error comes later
-    if cfg.rollout.backend == "vllm" and not vllm_engine.installed():
+    if cfg.rollout.backend == Backend.VLLM and not vllm_engine.installed():
         raise ConfigError(vllm_engine.MISSING)
     check_launcher(cfg)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
@@ -157,7 +158,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     world, by_torchrun = ranks.world_size(cfg)
-    if device.type == "cuda" and cfg.cluster.launcher == "local" and not by_torchrun:
+    if device.type == "cuda" and cfg.cluster.launcher == Launcher.LOCAL and not by_torchrun:
         ranks.check_rank_gpus(cfg.actor.device, world, torch.cuda.device_count())
     history: list[dict] = []
     finished = False

@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from a3po.config.choices import AUTO, Forward
 from a3po.rollout import kv_decoder
 from a3po.rollout.engine import Completion, GenerationRequest
 from a3po.rollout.hf_forward import HFForward
 from a3po.rollout.sampling import sample
-
-FORWARDS = ("auto", "a3po", "hf")  # rollout.forward
 
 
 @dataclass
@@ -56,14 +55,15 @@ class _Running:
         return self.request.prompt_ids + self.completion.output_ids
 
 
-def make_forward(model, rows: int, forward: str = "auto"):
-    """The forward pass `forward` names for `model`; "a3po" on a model it cannot run is a ValueError saying why."""
-    if forward not in FORWARDS:
-        raise ValueError(f"forward {forward!r}: choose from {', '.join(FORWARDS)}")
-    why = kv_decoder.unsupported(model) if forward != "hf" else "asked for"
+def make_forward(model, rows: int, forward: str = AUTO):
+    """The forward pass `forward` (rollout.forward) names for `model`; "a3po" on a model it cannot run is a
+    ValueError saying why."""
+    if forward not in Forward.CHOICES:
+        raise ValueError(f"forward {forward!r}: choose from {', '.join(Forward.CHOICES)}")
+    why = kv_decoder.unsupported(model) if forward != Forward.HF else "asked for"
     if why is None:
         return kv_decoder.KVDecoder(model, rows)
-    if forward == "a3po":
+    if forward == Forward.A3PO:
         raise ValueError(f"rollout.forward=a3po cannot run this model: {why}; use rollout.forward=auto or hf")
     return HFForward(model)
 
@@ -78,7 +78,7 @@ class LocalEngine:
         seed: int = 0,
         version: int = 0,
         reprefill_on_update: bool = True,
-        forward: str = "auto",
+        forward: str = AUTO,
     ):
         self.model = model.eval()
         self.forward = make_forward(model, max_batch, forward)

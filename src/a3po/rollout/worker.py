@@ -31,12 +31,12 @@ import torch
 from a3po import child
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
+from a3po.config.choices import Backend, WeightUpdate
 from a3po.data import Example, RewardProcess
 from a3po.rollout.engine import Completion, GenerationRequest
 from a3po.rollout.prompts import encode_prompt
 from a3po.trajectories import Trajectory
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 HEARTBEAT_S = 0.5  # the longest the main loop stays silent, unless one decode step takes longer
 
 
@@ -117,7 +117,7 @@ class _Worker:
     def __init__(self, worker_id: int, cfg: Config, reward_fn, weights, version: int, outbox):
         import transformers
 
-        from a3po.devices import resolve_device, resolve_dtype
+        from a3po.devices import resolve_device, resolve_dtype, torch_dtype
         from a3po.models import load_policy
         from a3po.models.head import use_fp32_head
         from a3po.rollout.local import LocalEngine
@@ -129,26 +129,27 @@ class _Worker:
         max_batch = max(cfg.gconfig.n_samples, 64)
         self.given = weights  # what LoadWeights payloads are read against (the shared buffers)
         weights = weights.take()
-        if cfg.rollout.backend == "vllm":
+        reprefill = cfg.rollout.weight_update == WeightUpdate.REPREFILL
+        if cfg.rollout.backend == Backend.VLLM:
             from a3po.rollout.vllm_engine import VLLMEngine
 
             model, self.tok = load_policy(cfg.actor.path, seed=cfg.seed)
             model.load_state_dict(weights, strict=False)  # vLLM starts from the published weights
             self.engine = VLLMEngine.from_model(
                 model, self.tok, dtype=dtype, version=version, max_batch=max_batch, seed=cfg.seed,
-                reprefill_on_update=cfg.rollout.weight_update == "reprefill", fp32_head=cfg.actor.fp32_lm_head,
+                reprefill_on_update=reprefill, fp32_head=cfg.actor.fp32_lm_head,
                 gpu_memory=cfg.rollout.vllm_gpu_memory,
             )
             del model
         else:
-            model, self.tok = load_policy(cfg.actor.path, dtype=DTYPES[dtype], seed=cfg.seed)
+            model, self.tok = load_policy(cfg.actor.path, dtype=torch_dtype(dtype), seed=cfg.seed)
             model = model.to(device)
             if cfg.actor.fp32_lm_head:
                 use_fp32_head(model)
             self.engine = LocalEngine(
                 model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode, max_batch=max_batch,
                 version=version, forward=cfg.rollout.forward,
-                reprefill_on_update=cfg.rollout.weight_update == "reprefill",
+                reprefill_on_update=reprefill,
             )
             self.engine.update_weights(weights, version)
         self.reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)

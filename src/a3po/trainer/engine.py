@@ -44,8 +44,9 @@ from a3po.algo import (
     proximal_logp,
 )
 from a3po.algo.prox import ApproxErrors
+from a3po.config.choices import Dtype
 from a3po.config.schema import ActorConfig
-from a3po.devices import resolve_dtype
+from a3po.devices import resolve_dtype, torch_dtype
 from a3po.trainer.logprobs import PolicyLogp
 from a3po.trainer.optim import build_optimizer
 from a3po.trainer.parallel import DataParallel
@@ -109,7 +110,8 @@ class TrainEngine:
         self.ref_model = None
         if cfg.kl_ctl > 0:  # every rank holds the whole frozen reference: its passes need no collective
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.autocast = torch.bfloat16 if self.dtype == "bfloat16" else None  # the forward's compute dtype
+        # the forward's compute dtype under autocast; fp32 runs without autocast
+        self.autocast = torch_dtype(self.dtype) if self.dtype != Dtype.FLOAT32 else None
         self.policy = PolicyLogp(self.model, temperature, self.autocast, cfg.fp32_lm_head)
         self.ref_policy = (PolicyLogp(self.ref_model, temperature, self.autocast, cfg.fp32_lm_head)
                            if self.ref_model is not None else None)

@@ -31,6 +31,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from a3po.config.choices import DpMode
+
 COMMAND_TIMEOUT = timedelta(days=7)  # a follower waits as long as rank 0 lives (see the module docstring)
 
 
@@ -44,7 +46,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class DataParallel:
     rank: int
     world: int
-    mode: str  # cluster.data_parallel: fsdp2 or ddp
+    mode: str  # cluster.data_parallel: DpMode.FSDP2 or DpMode.DDP
     device: torch.device
     commands: object  # the process group commands travel on
 
@@ -57,7 +59,7 @@ class DataParallel:
     def wrap(self, policy):
         """The policy (train/logprobs.PolicyLogp) as this rank holds it: replicated (ddp), or each decoder
         layer and the rest (embedding, final norm, head) sharded in units of their own (fsdp2)."""
-        if self.mode == "ddp":
+        if self.mode == DpMode.DDP:
             on_gpu = [self.device] if self.device.type == "cuda" else None
             return torch.nn.parallel.DistributedDataParallel(policy, device_ids=on_gpu, broadcast_buffers=False)
         from torch.distributed.fsdp import fully_shard
@@ -69,7 +71,7 @@ class DataParallel:
 
     def sync_grads(self, model, last: bool):
         """Gradients are reduced across ranks on the last micro-batch of a minibatch only."""
-        if self.mode == "ddp":
+        if self.mode == DpMode.DDP:
             return nullcontext() if last else model.no_sync()
         model.set_requires_gradient_sync(last)
         return nullcontext()

@@ -1,0 +1,71 @@
+"""The values of the configuration's enumerated keys that code branches on, each vocabulary once.
+
+The schema's `choices` (schema.py), `a3po bench`'s options (bench/args.py) and every
+comparison of such a value (`cfg.rollout.backend == Backend.VLLM`) read these names, so
+that a value is spelled in one place and a typo is an AttributeError, not a branch that
+silently never runs. The values stay plain strings, as in YAML and on the command line.
+Torch-free: `a3po --help` builds its choice lists from here; devices.py turns the dtype
+and device names into torch objects.
+"""
+
+from __future__ import annotations
+
+AUTO = "auto"  # dtype, device and forward: decided from the machine and the model at start-up
+
+
+class Dtype:
+    """actor.dtype, rollout.dtype: the compute (or parameter) dtype."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    RESOLVED = (FLOAT32, BFLOAT16)  # what `auto` becomes (devices.resolve_dtype)
+    CHOICES = (AUTO, *RESOLVED)
+
+
+class Device:
+    """actor.device, rollout.device: auto, cpu, cuda or cuda:N."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+    PATTERN = rf"{AUTO}|{CPU}|{CUDA}(:[0-9]+)?"
+    PATTERN_HELP = f"use {AUTO}, {CPU}, {CUDA} or {CUDA}:N"
+
+
+class Backend:
+    """rollout.backend: the inference engine in each rollout worker."""
+
+    LOCAL = "local"  # a3po's own sampler (rollout/local.py)
+    VLLM = "vllm"  # rollout/vllm_engine.py
+    CHOICES = (LOCAL, VLLM)
+
+
+class Forward:
+    """rollout.forward: the local engine's forward pass."""
+
+    A3PO = "a3po"  # its own KV-cache decoder (rollout/kv_decoder.py)
+    HF = "hf"  # the model's Hugging Face forward (rollout/hf_forward.py)
+    CHOICES = (AUTO, A3PO, HF)
+
+
+class WeightUpdate:
+    """rollout.weight_update: what a worker does with sequences in flight when new weights arrive."""
+
+    REPREFILL = "reprefill"
+    KEEP_KV = "keep_kv"
+    CHOICES = (REPREFILL, KEEP_KV)
+
+
+class Launcher:
+    """cluster.launcher: who starts trainer ranks 1..N-1 and the rollout workers."""
+
+    LOCAL = "local"
+    RAY = "ray"
+    CHOICES = (LOCAL, RAY)
+
+
+class DpMode:
+    """cluster.data_parallel: how several trainer ranks hold the model."""
+
+    FSDP2 = "fsdp2"
+    DDP = "ddp"
+    CHOICES = (FSDP2, DDP)
