@@ -5,9 +5,12 @@ Proves: every arm trained for the requested steps and reports the columns the ta
 need; the synchronous arm really was synchronous and coupled, the asynchronous ones
 stayed within eta; only the recomputing arms paid a proximal forward pass; the output
 files (markdown, JSON, PNG plots) exist and have the documented structure; a benchmark
-continues where it stopped; a configuration one arm cannot accept is refused up front.
+continues where it stopped; a configuration one arm cannot accept is refused up front; every
+benchmark's flags are generated from its options dataclass, defaults included.
 """
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -16,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from a3po.bench.args import BENCHMARKS, from_namespace
 from a3po.bench.report import aggregate, approx_quality
 from a3po.bench.runs import summarize_run
+from a3po.cli import build_parser
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_E2E = ["--preset", "tiny", "total_train_steps=3", "gconfig.max_new_tokens=8", "logging.tensorboard=false",
@@ -27,6 +32,29 @@ TINY_E2E = ["--preset", "tiny", "total_train_steps=3", "gconfig.max_new_tokens=8
 def a3po(*args, cwd, timeout=600):
     return subprocess.run([sys.executable, "-m", "a3po.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("command", list(BENCHMARKS))
+def test_each_benchmark_parser_is_its_options_dataclass(command):
+    cls = BENCHMARKS[command]
+    assert from_namespace(build_parser().parse_args(["bench", command])) == cls().checked()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", command, "--help"])
+    assert all(f" --{f.name.replace('_', '-')}" in out.getvalue() for f in cls.options())
+
+
+def test_options_parse_as_their_fields_are_typed():
+    ns = build_parser().parse_args(["bench", "step", "--minibatches", "2,1", "--methods", "reuse", "--threads", "3",
+                                    "--prompt-len", "5"])
+    a = from_namespace(ns)
+    assert (a.minibatches, a.methods, a.threads, a.prompt_len) == ([2, 1], ["reuse"], 3, 5)
+    ns = build_parser().parse_args(["bench", "staleness", "--etas", "4,0", "--all-arms-at-eta0", "x=1"])
+    a = from_namespace(ns)
+    assert (a.etas, a.all_arms_at_eta0, a.overrides, a.keep_checkpoints) == ([0, 4], True, ["x=1"], False)
 
 
 # ----------------------------------------------------------------------------- bench step

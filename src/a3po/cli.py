@@ -60,144 +60,31 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override one key, e.g. actor.prox_logp_method=recompute")
 
 
-def _csv(kind):
-    return lambda text: [kind(x) for x in text.split(",") if x]
-
-
-def _add_bench_parsers(sub) -> None:
-    from a3po.bench.args import (
-        ARM_NAMES,
-        E2E_DEFAULT_ARMS,
-        METHODS,
-        ROLLOUT_DTYPES,
-        ROLLOUT_ENGINES,
-        STALENESS_ARMS,
-        RolloutBenchArgs,
-        StalenessArgs,
-        StepBenchArgs,
-        SyncBenchArgs,
-    )
-    from a3po.config.choices import Dtype
-
-    bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side "
-                                         "(step, rollout, sync, e2e, staleness)",
-                           description="Benchmarks whose ratios are measured side by side in one run.")
-    kinds = bench.add_subparsers(dest="bench", metavar="KIND")
-    d = StepBenchArgs()
-    step = kinds.add_parser("step", help="one training step per proximal method, with its breakdown",
-                            description="Time ppo_update on one fixed batch for each proximal method at each "
-                                        "minibatch count, and the proximal computation alone.")
-    step.add_argument("--model", default=d.model, help="actor.path (tiny-256x4 for a quick run)")
-    step.add_argument("--dtype", choices=Dtype.CHOICES, default=d.dtype)
-    step.add_argument("--batch", type=int, default=d.batch, help="sequences in the batch")
-    step.add_argument("--prompt-len", type=int, default=d.prompt_len)
-    step.add_argument("--output-len", type=int, default=d.output_len)
-    step.add_argument("--minibatches", type=_csv(int), default=d.minibatches, help="e.g. 1,4")
-    step.add_argument("--methods", type=_csv(str), default=d.methods, help=f"subset of {','.join(METHODS)}")
-    step.add_argument("--repeats", type=int, default=d.repeats)
-    step.add_argument("--warmup", type=int, default=d.warmup, help="untimed one-row steps per arm first")
-    step.add_argument("--threads", type=int, default=None,
-                      help="torch threads (default: the trainer's share of the cores in `a3po train`)")
-    step.add_argument("--out", default=d.out, help="output folder (suffixed -2, -3, ... if taken)")
-
-    r = RolloutBenchArgs()
-    rollout = kinds.add_parser("rollout", help="rollout tokens/s per engine and dtype (local, model.generate, "
-                                                       "vLLM), and the log-prob gap",
-                               description="Time the local rollout engine in each dtype against model.generate "
-                                           "(and vLLM with --engines) on the same batch, with the achieved "
-                                           "GFLOP/s against this machine's matmul rate, and compare its "
-                                           "log-probs with the trainer's.")
-    rollout.add_argument("--model", default=r.model, help="actor.path (tiny for a quick run)")
-    rollout.add_argument("--dtypes", type=_csv(str), default=r.dtypes, help=f"subset of {','.join(ROLLOUT_DTYPES)}")
-    rollout.add_argument("--engines", type=_csv(str), default=r.engines,
-                         help=f"subset of {','.join(ROLLOUT_ENGINES)} (vllm: where vLLM is installed, docs/scaling.md)")
-    rollout.add_argument("--trainer-dtype", default=r.trainer_dtype,
-                         help="actor.dtype of the trainer the log-probs are compared with (auto, float32, bfloat16)")
-    rollout.add_argument("--batch", type=int, default=r.batch, help="requests in the batch (the worker's max batch)")
-    rollout.add_argument("--group", type=int, default=r.group,
-                         help="requests per distinct prompt, as gconfig.n_samples makes them in a run")
-    rollout.add_argument("--max-new-tokens", type=int, default=r.max_new_tokens)
-    rollout.add_argument("--repeats", type=int, default=r.repeats)
-    rollout.add_argument("--update-every", type=int, default=r.update_every,
-                         help="decode steps between in-flight weight updates in the rollout.weight_update arms "
-                              "(0: none)")
-    rollout.add_argument("--threads", type=int, default=r.threads, help="torch threads (one rollout worker's share)")
-    rollout.add_argument("--out", default=r.out, help="output folder (suffixed -2, -3, ... if taken)")
-
-    y = SyncBenchArgs()
-    sync = kinds.add_parser("sync", help="weight publication per version: shared memory against Ray's object store",
-                            description="Publish the model's weights through each transport the launchers use and "
-                                        "read them into a worker's copy, alternating transports (needs Ray).")
-    sync.add_argument("--model", default=y.model, help="actor.path (tiny for a quick run)")
-    sync.add_argument("--repeats", type=int, default=y.repeats)
-    sync.add_argument("--out", default=y.out, help="output folder (suffixed -2, -3, ... if taken)")
-
-    e2e = kinds.add_parser("e2e", help="the paper's table: every arm a real training run",
-                           description="Run each arm as a full `a3po train` with the same seeds, steps and data "
-                                       "order; write results.md, results.json and plots/.")
-    _add_train_bench_args(e2e, "e2e")
-    e2e.add_argument("--arms", type=_csv(str), default=list(E2E_DEFAULT_ARMS),
-                     help=f"subset of {','.join(ARM_NAMES)} (default: all but ranks2 and ray)")
-
-    s = StalenessArgs()
-    stale = kinds.add_parser("staleness", help="a staleness study: every arm at every eta and minibatch count",
-                             description="Run a grid of full `a3po train` runs over the staleness bound eta "
-                                         "(rollout.max_head_offpolicyness), actor.ppo_n_minibatches and the arms "
-                                         "coupled, recompute (run as prox_logp_method=metrics), loglinear and reuse; "
-                                         "write results.md, results.json and plots/.")
-    _add_train_bench_args(stale, "staleness")
-    stale.add_argument("--etas", type=_csv(int), default=s.etas, help="staleness bounds, e.g. 0,2,4,8")
-    stale.add_argument("--minibatches", type=_csv(int), default=s.minibatches,
-                       help="actor.ppo_n_minibatches values, e.g. 1,4 (reuse runs at 1 only)")
-    stale.add_argument("--arms", type=_csv(str), default=s.arms,
-                       help=f"subset of {','.join(STALENESS_ARMS)} "
-                            "(eta = 0 runs the coupled baseline whatever this says)")
-    stale.add_argument("--all-arms-at-eta0", action="store_true",
-                       help="run every arm at eta = 0 too "
-                            "(default: only the coupled baseline, which they all equal there)")
-
-
-def _add_train_bench_args(p: argparse.ArgumentParser, name: str) -> None:
-    """What every benchmark made of `a3po train` runs takes (TrainBenchArgs)."""
-    _add_config_args(p)
-    p.add_argument("--seeds", type=int, default=1, help="repeat every run with seeds seed, seed+1, ...")
-    p.add_argument("--out",
-                   help=f"output folder; an existing one is continued (default: a new <fileroot>/bench-{name})")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
-
-
-def _from_args(cls, args):
-    """The benchmark's arguments dataclass from the parsed options it names, checked where it can check itself."""
-    made = cls(**{k: v for k, v in vars(args).items() if k in cls.__dataclass_fields__})
-    return made.checked() if hasattr(made, "checked") else made
-
-
 def _bench(args, argv: list[str]) -> int:
-    from a3po.config import ConfigError
+    from a3po.bench.args import from_namespace
 
-    if args.bench == "step":
+    options = from_namespace(args)  # checked: a bad option is a ConfigError before anything runs
+    if options.command == "step":
         from a3po.bench import step
 
-        return step.main(_from_args(step.StepBenchArgs, args))
-    if args.bench == "rollout":
+        return step.main(options)
+    if options.command == "rollout":
         from a3po.bench import rollout
 
-        return rollout.main(_from_args(rollout.RolloutBenchArgs, args))
-    if args.bench == "sync":
+        return rollout.main(options)
+    if options.command == "sync":
         from a3po.bench import sync
         from a3po.launch import check_ray
 
         check_ray("a3po bench sync")
-        return sync.main(_from_args(sync.SyncBenchArgs, args))
-    if args.bench == "e2e":
+        return sync.main(options)
+    if options.command == "e2e":
         from a3po.bench import e2e
 
-        return e2e.main(_from_args(e2e.E2EArgs, args), argv)
-    if args.bench == "staleness":
-        from a3po.bench import staleness
+        return e2e.main(options, argv)
+    from a3po.bench import staleness
 
-        return staleness.main(_from_args(staleness.StalenessArgs, args), argv)
-    raise ConfigError("a3po bench: choose step, rollout, sync, e2e or staleness (a3po bench --help)")
+    return staleness.main(options, argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run saved in RUN_DIR from its last checkpoint")
 
-    _add_bench_parsers(sub)
+    from a3po.bench.args import add_parsers
+
+    add_parsers(sub, config_args=_add_config_args)
 
     show = sub.add_parser("config", help="print the resolved configuration as YAML", epilog=keys_help(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)

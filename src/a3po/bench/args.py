@@ -1,14 +1,29 @@
-"""What the benchmarks take, kept free of heavy imports so that `a3po --help` stays fast."""
+"""What the benchmarks take, kept free of heavy imports so that `a3po --help` stays fast.
+
+Each benchmark's options are one dataclass, and each option is declared once, as a field made
+by `option(...)`: its default, its --help line and its rules (`choices`, `ge`, `unique`,
+`nonempty`). `add_parsers` builds `a3po bench KIND`'s argparse from those fields (the flag is
+the field's name with dashes; a list is a comma-separated flag, a False default a switch) and
+`checked` enforces the rules, each in one message form; what a rule cannot say (one option
+against another) is a class's `_problems`. `from_namespace` turns the parsed options back into
+the benchmark's dataclass, checked.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from a3po.algo.variants import PROX_METHODS
+from a3po.algo.variants import PROX_METHODS, prox_traits
 from a3po.config.choices import AUTO, Backend, Dtype
 
 # bench step's proximal methods: every way of getting p; metrics is recompute plus error bookkeeping
-METHODS = tuple(m for m in PROX_METHODS if m != "metrics")
+METHODS = tuple(m for m in PROX_METHODS if not prox_traits(m).reports_errors)
 ROLLOUT_DTYPES = Dtype.RESOLVED  # bench rollout's engine dtypes (rollout.dtype's choices but auto)
 
 
@@ -31,126 +46,246 @@ STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (
 REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there, the coupled baseline stands for it"
 
 
-@dataclass
-class StepBenchArgs:
-    model: str = "smollm2-135m-instruct"
-    dtype: str = AUTO
-    batch: int = 8
-    prompt_len: int = 40
-    output_len: int = 64
-    minibatches: list[int] = field(default_factory=lambda: [1, 4])
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
-    repeats: int = 3
-    warmup: int = 1
-    threads: int | None = None  # None: the trainer's share of the cores in `a3po train`
-    eta: int = 2
-    out: str = "runs/bench-step"
+def option(default: Any, help: str | None = None, **rules: Any) -> Any:
+    """A benchmark option: default, --help line (`{command}` is the benchmark's name) and rules:
+    choices (allowed values, of each element for a list), what (the noun an unknown value is called),
+    ge (lower bound, of each element for a list), nonempty and unique (for lists)."""
+    meta = {"option": True, "help": help, **rules}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
-    def checked(self) -> StepBenchArgs:
-        """Self, or a ConfigError naming the first bad argument."""
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+@dataclass
+class BenchArgs:
+    """What every benchmark's options share: the parser and the checks generated from their fields."""
+
+    command: ClassVar[str]  # `a3po bench <command>`
+    summary: ClassVar[str]  # its line in `a3po bench --help`
+    description: ClassVar[str]  # the top of `a3po bench <command> --help`
+
+    @classmethod
+    def options(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.metadata.get("option")]
+
+    def checked(self):
+        """Self, or a ConfigError naming the first bad option."""
         from a3po.config import ConfigError
 
-        problems = [f"--{k.replace('_', '-')} must be at least 1"
-                    for k in ("batch", "repeats", "prompt_len", "output_len") if getattr(self, k) < 1]
-        problems += ["--threads must be at least 1"] if self.threads is not None and self.threads < 1 else []
-        problems += [f"--methods: unknown '{m}' (choose from {','.join(METHODS)})"
-                     for m in self.methods if m not in METHODS]
-        problems += [f"--minibatches: {m} must be between 1 and --batch"
-                     for m in self.minibatches if not 1 <= m <= self.batch]
+        problems = [p for f in self.options() for p in _field_problems(f, getattr(self, f.name))]
+        problems += self._problems()
         if problems:
             raise ConfigError(problems[0])
         return self
 
+    def _problems(self) -> list[str]:
+        """What the fields' rules cannot say: one option against another."""
+        return []
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _field_problems(f: dataclasses.Field, value: Any) -> list[str]:
+    rules, flag = f.metadata, _flag(f.name)
+    choices, ge, what = rules.get("choices"), rules.get("ge"), rules.get("what")
+    unknown = lambda v: f"{flag}: unknown {what + ' ' if what else ''}'{v}'; choose from {', '.join(choices)}"
+    if not isinstance(value, list):
+        if value is None:
+            return []
+        if choices is not None and value not in choices:
+            return [unknown(value)]
+        return [f"{flag} {value}: must be at least {ge}"] if ge is not None and value < ge else []
+    out = [f"{flag} needs at least one value"] if rules.get("nonempty") and not value else []
+    out += [unknown(v) for v in value if choices is not None and v not in choices]
+    out += [f"{flag}: {v} must be at least {ge}" for v in value if ge is not None and v < ge]
+    twice = [v for i, v in enumerate(value) if v in value[:i]]
+    out += [f"{flag}: '{twice[0]}' given twice; give each once"] if rules.get("unique") and twice else []
+    return out
+
+
+def _parser_type(tp: Any) -> Callable[[str], Any] | None:
+    """What argparse converts one option's text with, from the field's annotation."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is list:
+        return _csv(typing.get_args(tp)[0])
+    return tp if tp in (int, float) else None
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _help(cls: type[BenchArgs], f: dataclasses.Field) -> str | None:
+    """The option's help line, led by what it allows when it has choices."""
+    rules = f.metadata
+    text = rules["help"].replace("{command}", cls.command) if rules["help"] else None
+    if rules.get("choices") is None:
+        return text
+    allowed = f"{'subset' if isinstance(_default(f), list) else 'one'} of {','.join(rules['choices'])}"
+    return f"{allowed} ({text})" if text else allowed
+
+
+def add_parser(kinds, cls: type[BenchArgs], config_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`a3po bench <cls.command>` with one flag per option of `cls`; `config_args` adds --preset, --config
+    and key=value, as `a3po train` takes them, to a benchmark made of training runs."""
+    p = kinds.add_parser(cls.command, help=cls.summary, description=cls.description)
+    if issubclass(cls, TrainBenchArgs):
+        config_args(p)
+    hints = typing.get_type_hints(cls)
+    for f in cls.options():
+        default = _default(f)
+        if default is False:
+            p.add_argument(_flag(f.name), action="store_true", help=_help(cls, f))
+        else:
+            p.add_argument(_flag(f.name), type=_parser_type(hints[f.name]), default=default, help=_help(cls, f))
+
+
+def add_parsers(sub, config_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`a3po bench` and one subcommand per benchmark (BENCHMARKS)."""
+    bench = sub.add_parser("bench", help="measure A-3PO, the rollout engine and staleness side by side "
+                                         f"({', '.join(BENCHMARKS)})",
+                           description="Benchmarks whose ratios are measured side by side in one run.")
+    kinds = bench.add_subparsers(dest="bench", metavar="KIND")
+    for cls in BENCHMARKS.values():
+        add_parser(kinds, cls, config_args)
+
+
+def from_namespace(ns: argparse.Namespace) -> BenchArgs:
+    """The chosen benchmark's options from argparse's namespace, checked (a ConfigError if not)."""
+    from a3po.config import ConfigError
+
+    cls = BENCHMARKS.get(getattr(ns, "bench", None))
+    if cls is None:
+        raise ConfigError(f"a3po bench: choose {', '.join(BENCHMARKS)} (a3po bench --help)")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(ns).items() if k in names}).checked()
+
 
 @dataclass
-class RolloutBenchArgs:
-    model: str = "smollm2-135m-instruct"
-    dtypes: list[str] = field(default_factory=lambda: list(ROLLOUT_DTYPES))
-    engines: list[str] = field(default_factory=lambda: [Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE])
-    trainer_dtype: str = AUTO  # the actor dtype the log-prob gap is measured against
-    batch: int = 64  # the rollout worker's max batch: one worker's full load
-    group: int = 1  # requests per distinct prompt (gconfig.n_samples in a run): a group's prompt is one prefill
-    max_new_tokens: int = 24  # gconfig.max_new_tokens' default
-    repeats: int = 3
-    threads: int = 1  # a rollout worker's share in `a3po train` on two cores
-    update_every: int = 6  # decode steps between in-flight weight updates; 0 = no update arms
-    out: str = "runs/bench-rollout"
+class StepBenchArgs(BenchArgs):
+    command = "step"
+    summary = "one training step per proximal method, with its breakdown"
+    description = ("Time ppo_update on one fixed batch for each proximal method at each minibatch count, "
+                   "and the proximal computation alone.")
 
-    def checked(self) -> RolloutBenchArgs:
-        """Self, or a ConfigError naming the first bad argument."""
-        from a3po.config import ConfigError
+    model: str = option("smollm2-135m-instruct", "actor.path (tiny-256x4 for a quick run)")
+    dtype: str = option(AUTO, choices=Dtype.CHOICES)
+    batch: int = option(8, "sequences in the batch", ge=1)
+    prompt_len: int = option(40, ge=1)
+    output_len: int = option(64, ge=1)
+    minibatches: list[int] = option([1, 4], "e.g. 1,4")
+    methods: list[str] = option(list(METHODS), choices=METHODS)
+    repeats: int = option(3, ge=1)
+    warmup: int = option(1, "untimed one-row steps per arm first")
+    threads: int | None = option(None, "torch threads (default: the trainer's share of the cores in `a3po train`)",
+                                 ge=1)
+    eta: int = 2  # the spread of token versions in the batch; not an option
+    out: str = option("runs/bench-step", "output folder (suffixed -2, -3, ... if taken)")
 
-        problems = [f"--{k.replace('_', '-')} must be at least 1"
-                    for k in ("batch", "max_new_tokens", "repeats", "threads") if getattr(self, k) < 1]
-        problems += ["--update-every must be 0 (off) or at least 1"] if self.update_every < 0 else []
-        problems += ([f"--group {self.group}: must be at least 1 and divide --batch {self.batch}"]
-                     if self.group < 1 or self.batch % self.group else [])
-        problems += [f"--dtypes: unknown '{d}' (choose from {','.join(ROLLOUT_DTYPES)})"
-                     for d in self.dtypes if d not in ROLLOUT_DTYPES]
-        problems += (["--dtypes: give at least one, each once"]
-                     if not self.dtypes or len(set(self.dtypes)) < len(self.dtypes) else [])
-        problems += [f"--engines: unknown '{e}' (choose from {','.join(ROLLOUT_ENGINES)})"
-                     for e in self.engines if e not in ROLLOUT_ENGINES]
-        problems += (["--engines: give at least one, each once"]
-                     if not self.engines or len(set(self.engines)) < len(self.engines) else [])
-        problems += [f"--trainer-dtype: unknown '{self.trainer_dtype}' (choose from {','.join(Dtype.CHOICES)})"
-                     ] if self.trainer_dtype not in Dtype.CHOICES else []
-        if problems:
-            raise ConfigError(problems[0])
-        return self
+    def _problems(self) -> list[str]:
+        return [f"--minibatches: {m} must be between 1 and --batch" for m in self.minibatches
+                if not 1 <= m <= self.batch]
 
 
 @dataclass
-class SyncBenchArgs:
-    model: str = "smollm2-135m-instruct"
-    repeats: int = 5
-    out: str = "runs/bench-sync"
+class RolloutBenchArgs(BenchArgs):
+    command = "rollout"
+    summary = "rollout tokens/s per engine and dtype (local, model.generate, vLLM), and the log-prob gap"
+    description = ("Time the local rollout engine in each dtype against model.generate (and vLLM with --engines) "
+                   "on the same batch, with the achieved GFLOP/s against this machine's matmul rate, and compare "
+                   "its log-probs with the trainer's.")
 
-    def checked(self) -> SyncBenchArgs:
-        from a3po.config import ConfigError
+    model: str = option("smollm2-135m-instruct", "actor.path (tiny for a quick run)")
+    dtypes: list[str] = option(list(ROLLOUT_DTYPES), choices=ROLLOUT_DTYPES, nonempty=True, unique=True)
+    engines: list[str] = option([Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE],
+                                "vllm: where vLLM is installed, README", choices=ROLLOUT_ENGINES, nonempty=True,
+                                unique=True)
+    trainer_dtype: str = option(AUTO, "actor.dtype of the trainer the log-probs are compared with",
+                                choices=Dtype.CHOICES)
+    batch: int = option(64, "requests in the batch (the worker's max batch)", ge=1)  # one worker's full load
+    # a group's prompt is one prefill
+    group: int = option(1, "requests per distinct prompt, as gconfig.n_samples makes them in a run", ge=1)
+    max_new_tokens: int = option(24, ge=1)  # gconfig.max_new_tokens' default
+    repeats: int = option(3, ge=1)
+    update_every: int = option(6, "decode steps between in-flight weight updates in the rollout.weight_update arms "
+                                  "(0: none)", ge=0)
+    threads: int = option(1, "torch threads (one rollout worker's share)", ge=1)
+    out: str = option("runs/bench-rollout", "output folder (suffixed -2, -3, ... if taken)")
 
-        if self.repeats < 1:
-            raise ConfigError("--repeats must be at least 1")
-        return self
+    def _problems(self) -> list[str]:
+        divides = self.group < 1 or self.batch % self.group == 0  # below 1 is the field's own problem
+        return [] if divides else [f"--group {self.group}: must divide --batch {self.batch}"]
 
 
 @dataclass
-class TrainBenchArgs:
-    """What every benchmark made of `a3po train` runs takes (bench/runs.py)."""
+class SyncBenchArgs(BenchArgs):
+    command = "sync"
+    summary = "weight publication per version: shared memory against Ray's object store"
+    description = ("Publish the model's weights through each transport the launchers use and read them into a "
+                   "worker's copy, alternating transports (needs Ray).")
+
+    model: str = option("smollm2-135m-instruct", "actor.path (tiny for a quick run)")
+    repeats: int = option(5, ge=1)
+    out: str = option("runs/bench-sync", "output folder (suffixed -2, -3, ... if taken)")
+
+
+@dataclass
+class TrainBenchArgs(BenchArgs):
+    """What every benchmark made of `a3po train` runs takes (bench/runs.py). --preset, --config and
+    key=value are `a3po train`'s own (add_parser's config_args), not options declared here."""
 
     preset: str | None = None
     config: str | None = None
     overrides: list[str] = field(default_factory=list)
-    seeds: int = 1
-    out: str | None = None
-    keep_checkpoints: bool = False
+    seeds: int = option(1, "repeat every run with seeds seed, seed+1, ...", ge=1)
+    out: str | None = option(None, "output folder; an existing one is continued "
+                                   "(default: a new <fileroot>/bench-{command})")
+    keep_checkpoints: bool = option(False, "keep each run's final checkpoint")
 
 
 @dataclass
 class E2EArgs(TrainBenchArgs):
-    arms: list[str] = field(default_factory=lambda: list(E2E_DEFAULT_ARMS))
+    command = "e2e"
+    summary = "the paper's table: every arm a real training run"
+    description = ("Run each arm as a full `a3po train` with the same seeds, steps and data order; write "
+                   "results.md, results.json and plots/.")
+
+    arms: list[str] = option(list(E2E_DEFAULT_ARMS), "default: all but ranks2 and ray", choices=ARM_NAMES,
+                             what="arm")
 
 
 @dataclass
 class StalenessArgs(TrainBenchArgs):
-    etas: list[int] = field(default_factory=lambda: [0, 2, 4, 8])
-    minibatches: list[int] = field(default_factory=lambda: [1, 4])
-    arms: list[str] = field(default_factory=lambda: list(STALENESS_ARMS))
-    all_arms_at_eta0: bool = False  # default: eta = 0 runs only the coupled baseline
+    command = "staleness"
+    summary = "a staleness study: every arm at every eta and minibatch count"
+    description = ("Run a grid of full `a3po train` runs over the staleness bound eta "
+                   "(rollout.max_head_offpolicyness), actor.ppo_n_minibatches and the arms coupled, recompute "
+                   "(run as prox_logp_method=metrics), loglinear and reuse; write results.md, results.json and "
+                   "plots/.")
+
+    etas: list[int] = option([0, 2, 4, 8], "staleness bounds, e.g. 0,2,4,8", ge=0, nonempty=True)
+    minibatches: list[int] = option([1, 4], "actor.ppo_n_minibatches values, e.g. 1,4 (reuse runs at 1 only)",
+                                    ge=1, nonempty=True)
+    arms: list[str] = option(list(STALENESS_ARMS), "eta = 0 runs the coupled baseline whatever this says",
+                             choices=STALENESS_ARMS, what="arm", nonempty=True)
+    all_arms_at_eta0: bool = option(False, "run every arm at eta = 0 too "
+                                           "(default: only the coupled baseline, which they all equal there)")
 
     def checked(self) -> StalenessArgs:
-        """Self with --etas and --minibatches sorted and deduplicated, or a ConfigError naming
-        the first bad argument (the cells' configurations are checked by the benchmark)."""
-        from a3po.config import ConfigError
-
-        problems = [f"--{k} needs at least one value" for k in ("etas", "minibatches", "arms") if not getattr(self, k)]
-        problems += [f"--etas: {e} must be at least 0" for e in self.etas if e < 0]
-        problems += [f"--minibatches: {m} must be at least 1" for m in self.minibatches if m < 1]
-        problems += [f"--arms: unknown arm '{a}'; choose from {', '.join(STALENESS_ARMS)}"
-                     for a in self.arms if a not in STALENESS_ARMS]
-        problems += [f"--seeds {self.seeds}: must be at least 1"] if self.seeds < 1 else []
-        if problems:
-            raise ConfigError(problems[0])
+        """Self with --etas and --minibatches sorted and deduplicated, --arms deduplicated, or a ConfigError
+        naming the first bad option (the cells' configurations are checked by the benchmark)."""
+        super().checked()
         self.etas, self.minibatches = sorted(set(self.etas)), sorted(set(self.minibatches))
         self.arms = list(dict.fromkeys(self.arms))
         return self
+
+
+BENCHMARKS: dict[str, type[BenchArgs]] = {c.command: c for c in (
+    StepBenchArgs, RolloutBenchArgs, SyncBenchArgs, E2EArgs, StalenessArgs)}
