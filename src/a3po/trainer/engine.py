@@ -26,8 +26,10 @@ trimmed to their own longest row (tight padding).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -67,6 +69,41 @@ def eval_mode(module: torch.nn.Module):
     finally:
         for m, training in modes:
             m.training = training
+
+
+@dataclass
+class MicroStats:
+    """What one micro-batch gives the step's statistics: its loss and, on each of its N output tokens
+    (the loss mask's, in order), the loss terms and log-probs, each (N,). Ranks send theirs to rank 0
+    (DataParallel.gather), where `_stats` joins every micro-batch's into one row."""
+
+    loss: Tensor  # () the micro-batch's loss
+    terms: LossTerms
+    logp: Tensor  # the current weights' (theta), detached
+    prox: Tensor  # the proximal policy's
+    behav: Tensor  # the behaviour policy's (the sampler's)
+    entropy: Tensor
+    versions: Tensor  # the version that sampled each token
+    # bool: sampled by version v itself, before this step's first optimizer step changed the weights:
+    # theta and b there differ only by train/rollout numerics
+    fresh: Tensor
+    kl_ref: Tensor | None = None  # KL to the reference, when it is in the loss
+    errors: dict[str, ApproxErrors] | None = None  # each approximation's error (prox_logp_method=metrics)
+
+
+def _on(record, mask: Tensor):
+    """A dataclass of (B, T) tensors (LossTerms, ApproxErrors) on the tokens of `mask` only: each (N,)."""
+    return type(record)(**{f.name: getattr(record, f.name)[mask] for f in dataclasses.fields(record)})
+
+
+def _joined(records: list):
+    """Dataclasses of (N_i,) tensors as one of (1, sum N_i): every micro-batch's tokens in one row."""
+    return type(records[0])(**{f.name: _row([getattr(r, f.name) for r in records])
+                               for f in dataclasses.fields(records[0])})
+
+
+def _row(parts: list[Tensor]) -> Tensor:
+    return torch.cat(parts)[None]
 
 
 def micro_batches(batch: TrainBatch, max_tokens: int) -> list[list[int]]:
@@ -207,7 +244,7 @@ class TrainEngine:
         # 2. One optimizer step per minibatch, gradients accumulated over micro-batches. The loss
         #    keeps the whole minibatch's token and sequence counts whatever share a rank trains on.
         t0 = time.perf_counter()
-        pieces: list[dict[str, Tensor]] = []
+        pieces: list[MicroStats] = []
         grad_norms = []
         opt_s = 0.0
         for k, (rows, own) in enumerate(zip(minis, parts)):
@@ -250,7 +287,7 @@ class TrainEngine:
         return self.dp.sync_grads(self.policy, last) if self.dp is not None else nullcontext()
 
     def _micro_step(self, mb: TrainBatch, logp_recomputed: Tensor | None, v: int, n_tokens: int, n_seqs: int,
-                    first_minibatch: bool, scale: float = 1) -> dict[str, Tensor]:
+                    first_minibatch: bool, scale: float = 1) -> MicroStats:
         """Forward, loss and backward of one micro-batch; `scale` multiplies the loss that backward sees
         (the rank count under data parallelism, 0 for a pass that only keeps FSDP2's ranks in step)."""
         cfg = self.cfg
@@ -279,23 +316,15 @@ class TrainEngine:
                                      "lower actor.optimizer.lr or check rewards/log-probs")
         (loss * scale if scale != 1 else loss).backward()
         m = mb.loss_mask
-        piece = {
-            "loss": loss.detach(),
-            "mask": m[m], "loss_mask_m2": terms.mask[m], "ratio": terms.ratio[m], "clipped": terms.clipped[m],
-            "dual_clipped": terms.dual_clipped[m], "behav_weight": terms.behav_weight[m], "capped": terms.capped[m],
-            "m2_dropped": terms.m2_dropped[m], "pg": terms.pg[m], "logp": logp.detach()[m], "prox": prox[m],
-            "entropy": entropy.detach()[m], "versions": mb.versions[m],
-            # tokens sampled by version v itself, before this step's first optimizer step changed
-            # the weights: theta and b there differ only by train/rollout numerics
-            "fresh": m[m] & (mb.versions[m] == v) & first_minibatch, "behav": mb.logp_behav[m],
-        }
-        if kl is not None:
-            piece["kl_ref"] = kl.detach()[m]
+        errors = None
         if self.method is not None and self.method.reports_errors:
             errs = approximation_errors(logp_recomputed, mb.logp_behav, logp, mb.versions, v)
-            piece["errors"] = {name: {k: getattr(e, k)[m] for k in ("abs", "rel", "sq", "iw")}
-                               for name, e in errs.items()}
-        return piece
+            errors = {name: _on(e, m) for name, e in errs.items()}
+        return MicroStats(
+            loss=loss.detach(), terms=_on(terms, m), logp=logp.detach()[m], prox=prox[m], behav=mb.logp_behav[m],
+            entropy=entropy.detach()[m], versions=mb.versions[m], fresh=(mb.versions[m] == v) & first_minibatch,
+            kl_ref=kl.detach()[m] if kl is not None else None, errors=errors,
+        )
 
     def _optimizer_step(self) -> float:
         clip = self.cfg.optimizer.gradient_clipping
@@ -311,24 +340,20 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def _stats(self, pieces: list[dict], v: int) -> dict[str, float]:
-        """Statistics over every output token of the step (all micro-batches joined into one row)."""
-        cat = lambda k: torch.cat([p[k] for p in pieces])[None]  # (1, N)
-        mask = cat("mask")
-        terms = LossTerms(mask=cat("loss_mask_m2"), ratio=cat("ratio"), clipped=cat("clipped"),
-                          dual_clipped=cat("dual_clipped"), behav_weight=cat("behav_weight"), capped=cat("capped"),
-                          m2_dropped=cat("m2_dropped"), pg=cat("pg"))
-        out = loss_stats(terms, mask, cat("logp"), cat("prox"), cat("entropy"))
+    def _stats(self, pieces: list[MicroStats], v: int) -> dict[str, float]:
+        """Statistics over every output token of the step (all micro-batches joined into one row, (1, N))."""
+        logp = _row([p.logp for p in pieces])
+        mask = torch.ones_like(logp, dtype=torch.bool)  # every token of the row is an output token
+        out = loss_stats(_joined([p.terms for p in pieces]), mask, logp, _row([p.prox for p in pieces]),
+                         _row([p.entropy for p in pieces]))
         out["train/n_tokens"] = float(mask.sum())
-        out["loss/total"] = float(sum(p["loss"] for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
-        out.update(mismatch_stats(cat("logp"), cat("behav"), cat("fresh")))
-        if "kl_ref" in pieces[0]:  # the KL in the loss; in the reward it is logged where it is computed
-            out["loss/kl_ref"] = float(cat("kl_ref").mean())
-        if "errors" in pieces[0]:
-            errs = {name: ApproxErrors(**{k: torch.cat([p["errors"][name][k] for p in pieces])[None]
-                                          for k in ("abs", "rel", "sq", "iw")})
-                    for name in pieces[0]["errors"]}
-            out.update(approx_error_stats(errs, mask, cat("versions"), v))
+        out["loss/total"] = float(sum(p.loss for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
+        out.update(mismatch_stats(logp, _row([p.behav for p in pieces]), _row([p.fresh for p in pieces])))
+        if pieces[0].kl_ref is not None:  # the KL in the loss; in the reward it is logged where it is computed
+            out["loss/kl_ref"] = float(_row([p.kl_ref for p in pieces]).mean())
+        if pieces[0].errors is not None:
+            errs = {name: _joined([p.errors[name] for p in pieces]) for name in pieces[0].errors}
+            out.update(approx_error_stats(errs, mask, _row([p.versions for p in pieces]), v))
         return out
 
     # -- checkpoints and weight export ----------------------------------------------------
