@@ -77,6 +77,16 @@ class WorkerClock:
     alive_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The controller's running totals at one moment; the trainer's step statistics difference two."""
+
+    groups_done: int  # prompt groups finished since the start
+    next_slot: int  # admission slots handed out: how far rollout has been admitted ahead
+    worker_restarts: int  # workers replaced over the run
+    clocks: tuple[WorkerClock, ...]  # one per worker, in worker order
+
+
 class Controller:
     def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int, log=print):
         self.cfg, self.pool, self.data, self.order, self.log = cfg, pool, data, order, log
@@ -142,14 +152,10 @@ class Controller:
             self._writing = False
             self._cond.notify_all()
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self) -> Snapshot:
         """Counters the step statistics difference: groups finished, admitted slots, worker clocks."""
         with self._cond:
-            out = {"groups_done": float(self._groups_done), "next_slot": float(self.admission.next_slot),
-                   "worker_restarts": float(self.restarts)}
-            for i, c in enumerate(self._clocks):
-                out[f"idle_s/w{i}"], out[f"alive_s/w{i}"] = c.idle_s, c.alive_s
-            return out
+            return Snapshot(self._groups_done, self.admission.next_slot, self.restarts, tuple(self._clocks))
 
     def weight_load_s(self) -> float:
         """Slowest weight load since the last call."""

@@ -23,7 +23,7 @@ from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rew
 from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
-from a3po.pipeline.controller import Controller
+from a3po.pipeline.controller import Controller, Snapshot
 from a3po.pipeline.pool import WorkerPool
 from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import TrainBatch, Trajectory, collate
@@ -130,11 +130,11 @@ class Trainer:
             "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / max(1, len(trajs)),
             "rollout/reward_failures": float(len(failures)),
             "rollout/filtered_groups": float(got.filtered),
-            "rollout/worker_restarts": now["worker_restarts"],  # over the run so far
+            "rollout/worker_restarts": float(now.worker_restarts),  # over the run so far
             "rollout/two_version_frac": sum(len(set(t.output_versions)) > 1 for t in trajs) / max(1, len(trajs)),
             # groups admitted for later versions when the update ended: how far rollout ran ahead
-            "rollout/groups_ahead": max(0.0, after_train["next_slot"] - (v + 1) * cfg.train_dataset.batch_size),
-            "rollout/groups_done_while_training": after_train["groups_done"] - before_train["groups_done"],
+            "rollout/groups_ahead": float(max(0, after_train.next_slot - (v + 1) * cfg.train_dataset.batch_size)),
+            "rollout/groups_done_while_training": float(after_train.groups_done - before_train.groups_done),
             "perf/rollout_wait_s": got.wait_s,
             "perf/weight_load_s": ctl.weight_load_s(),
             "perf/step_s": step_s,
@@ -144,14 +144,12 @@ class Trainer:
         return stats
 
     @staticmethod
-    def _idle_fractions(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    def _idle_fractions(before: Snapshot, after: Snapshot) -> dict[str, float]:
         """Each worker's share of the time between two snapshots with nothing to generate."""
         out = {}
-        for key, idle in after.items():
-            if key.startswith("idle_s/"):
-                w = key.split("/")[1]
-                alive = after[f"alive_s/{w}"] - before[f"alive_s/{w}"]
-                out[f"rollout/idle_frac/{w}"] = (idle - before[key]) / alive if alive > 0 else 0.0
+        for w, (was, now) in enumerate(zip(before.clocks, after.clocks)):
+            alive = now.alive_s - was.alive_s
+            out[f"rollout/idle_frac/w{w}"] = (now.idle_s - was.idle_s) / alive if alive > 0 else 0.0
         fracs = list(out.values())
         out["rollout/idle_frac"] = sum(fracs) / len(fracs) if fracs else 0.0
         return out
