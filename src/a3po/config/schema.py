@@ -128,7 +128,7 @@ class GenerationConfig:
 class RolloutConfig:
     backend: str = opt(Backend.LOCAL,
                        "rollout engine in each worker: local (a3po's own sampler, any device) or vllm "
-                       "(needs the vllm extra, README)", choices=Backend.CHOICES)
+                       "(needs the vllm extra, docs/scaling.md)", choices=Backend.CHOICES)
     vllm_gpu_memory: float = opt(0.4, "with rollout.backend=vllm on a GPU: the share of that GPU's memory each "
                                       "worker's vLLM engine reserves (weights and KV cache); leave room for the "
                                       "trainer when both share a GPU, and divide by n_workers", gt=0, lt=1)
