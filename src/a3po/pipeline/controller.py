@@ -88,8 +88,11 @@ class Snapshot:
 
 
 class Controller:
-    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int, log=print):
-        self.cfg, self.pool, self.data, self.order, self.log = cfg, pool, data, order, log
+    def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int, log=print,
+                 clock=time.monotonic):
+        """`pool` is a pipeline/pool.py WorkerPool or anything with its interface; `clock` (seconds) times the
+        stall and restart timeouts."""
+        self.cfg, self.pool, self.data, self.order, self.log, self.clock = cfg, pool, data, order, log, clock
         self.B = cfg.train_dataset.batch_size
         self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version)
         self.stall_timeout_s = cfg.rollout.stall_timeout_s
@@ -108,7 +111,7 @@ class Controller:
         self._filtered = 0
         self._groups_done = 0
         self._load_s: list[float] = []
-        self._last_msg = time.monotonic()
+        self._last_msg = clock()
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="a3po-controller", daemon=True)
@@ -172,12 +175,12 @@ class Controller:
     def _wait(self, ready, what: str) -> None:
         """Wait on the condition (lock held) until ready(); raise if the controller failed or the
         workers stalled: no progress from any of them (heartbeats aside) for stall_timeout_s while work is due."""
-        start = time.monotonic()
+        start = self.clock()
         while not ready():
             signals.check()
             if self._error is not None:
                 raise self._error
-            if time.monotonic() - max(start, self._last_msg) > self.stall_timeout_s:
+            if self.clock() - max(start, self._last_msg) > self.stall_timeout_s:
                 raise WorkerError(f"no rollout worker reported progress for {self.stall_timeout_s:.0f}s while waiting "
                                   f"for {what}; a worker is stuck (raise rollout.stall_timeout_s if it is only slow)")
             self._cond.wait(timeout=0.5)
@@ -233,7 +236,7 @@ class Controller:
             for work in again:
                 self._send(work)
             del self._replace[worker_id]
-            self._restarted_at[worker_id] = time.monotonic()
+            self._restarted_at[worker_id] = self.clock()
             self.log(f"a3po: rollout worker {why}; replaced (restart {self.restarts} of rollout.max_worker_restarts="
                      f"{self.cfg.rollout.max_worker_restarts}), {len(again)} prompt group(s) in flight started again")
 
@@ -241,12 +244,12 @@ class Controller:
         if isinstance(msg, Lost):
             self._lost(msg.worker_id, msg.why)
             return
-        self._last_msg = time.monotonic()
+        self._last_msg = self.clock()
         if isinstance(msg, Ready):
             self._acked[msg.worker_id] = msg.version
             if (t0 := self._restarted_at.pop(msg.worker_id, None)) is not None:
                 self.log(f"a3po: rollout worker a3po-rollout-{msg.worker_id} ready again, "
-                         f"{time.monotonic() - t0:.1f}s after its restart")
+                         f"{self.clock() - t0:.1f}s after its restart")
             return
         if isinstance(msg, (GroupDone, WeightsLoaded)):
             self._clocks[msg.worker_id] = WorkerClock(msg.idle_s, msg.alive_s)
