@@ -1,4 +1,5 @@
-"""Real `a3po train` runs in sessions of their own, for the tests that signal, kill or stop their processes.
+"""The a3po command line in subprocesses: `a3po(...)` runs one command to its end; `Run` is an `a3po train` in a
+session of its own, for the tests that signal, kill or stop its processes.
 
 Each run gets its own session (start_new_session), so its process group stands for a
 terminal's Ctrl-C or a scheduler's group-wide SIGTERM, and every process still in the
@@ -15,10 +16,19 @@ import sys
 import time
 from pathlib import Path
 
+CLI = [sys.executable, "-m", "a3po.cli"]  # `a3po` as installed, with this interpreter
 TINY = ["--preset", "tiny", "logging.tensorboard=false"]
 LONG = [*TINY, "total_train_steps=400", "evaluator.freq_steps=0"]
 ORPHAN_EXIT_S = 5.0  # generous: the workers' watchdog reacts within a second (docs/operations.md)
 EXIT_S = 60  # a stopped run must be gone by then, whatever it was doing
+
+
+def a3po(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+         timeout: float = 600) -> subprocess.CompletedProcess:
+    """`a3po *args` as a user types it, run to its end in cwd, stdout and stderr captured as text.
+    env: variables set on top of this process's environment; timeout: a deadline only."""
+    return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env} if env else None)
 
 
 class Run:
@@ -28,7 +38,7 @@ class Run:
         self.cwd = cwd
         self.err_path = cwd / "stderr.txt"
         with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd,
+            self.proc = subprocess.Popen([*CLI, "train", *args], cwd=cwd,
                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         self.sid = self.proc.pid
 

@@ -13,30 +13,23 @@ torch first and are marked slow.
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from procs import TINY, a3po
 
-TINY = ["--preset", "tiny", "logging.tensorboard=false"]
 FILE = ["train_dataset.task=file"]
 PREFIXES = ("a3po: error: ", "a3po: config error: ")
 ROWS = "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(40))
-
-
-def a3po(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
     """A real run folder with one checkpoint, from one real step of the tiny preset."""
     cwd = tmp_path_factory.mktemp("trained")
-    res = a3po([*TINY, "total_train_steps=1", "saver.freq_steps=1", "evaluator.freq_steps=0"], cwd)
+    res = a3po("train", *TINY, "total_train_steps=1", "saver.freq_steps=1", "evaluator.freq_steps=0", cwd=cwd)
     assert res.returncode == 0, res.stderr[-2000:]
     return cwd / "runs" / "tiny"
 
@@ -179,7 +172,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, reques
     env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}
     before = snapshot(tmp_path / "runs")
 
-    res = a3po(case.args, tmp_path, env)
+    res = a3po("train", *case.args, cwd=tmp_path, env=env)
 
     lines = res.stderr.splitlines()
     assert res.returncode == 2, res.stderr[-3000:]

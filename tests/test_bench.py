@@ -13,11 +13,10 @@ import contextlib
 import io
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from procs import a3po
 
 from a3po.bench.args import BENCHMARKS, from_namespace
 from a3po.bench.report import aggregate, approx_quality
@@ -27,11 +26,6 @@ from a3po.cli import build_parser
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_E2E = ["--preset", "tiny", "total_train_steps=3", "gconfig.max_new_tokens=8", "logging.tensorboard=false",
             "train_dataset.size=200"]
-
-
-def a3po(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "a3po.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 # ----------------------------------------------------------------------------- options

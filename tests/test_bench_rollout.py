@@ -16,7 +16,7 @@ import importlib.util
 import json
 
 import pytest
-from test_bench import a3po
+from procs import a3po
 
 TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--group", "2", "--max-new-tokens", "8", "--repeats",
         "2", "--out", "out", "--update-every", "2"]

@@ -15,11 +15,10 @@ for every d, means and spreads over seeds, the plotted lines.
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from procs import a3po
 
 from a3po.bench.args import StalenessArgs
 from a3po.bench.staleness import (
@@ -45,11 +44,6 @@ TINY = ["--preset", "tiny", "total_train_steps=4", "gconfig.max_new_tokens=8", "
 GRID = ["--etas", "0,2", "--minibatches", "1", "--out", "b"]
 KEYS = ["coupled-eta0-mb1-seed1", "coupled-eta2-mb1-seed1", "recompute-eta2-mb1-seed1", "loglinear-eta2-mb1-seed1",
         "reuse-eta2-mb1-seed1"]
-
-
-def a3po(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "a3po.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, check=False)
 
 
 # ----------------------------------------------------------------------------- the fast CI variant

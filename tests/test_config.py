@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from procs import a3po
 
 from a3po.config import Config, ConfigError, all_keys, dump_yaml, load_config
 from a3po.config.load import default_of
@@ -148,13 +149,8 @@ def test_yaml_errors(tmp_path):
     assert "is a directory" in error_of(path=tmp_path)
 
 
-def run_cli(*args):
-    cmd = [sys.executable, "-m", "a3po.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-
-
 def test_cli_bad_override_exits_2_with_one_line():
-    res = run_cli("train", "actor.prox_logp_method=loglinar")
+    res = a3po("train", "actor.prox_logp_method=loglinar")
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr
@@ -162,19 +158,19 @@ def test_cli_bad_override_exits_2_with_one_line():
 
 
 def test_cli_missing_config_file_exits_2(tmp_path):
-    res = run_cli("train", "--config", str(tmp_path / "nope.yaml"))
+    res = a3po("train", "--config", str(tmp_path / "nope.yaml"))
     assert res.returncode == 2 and "does not exist" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_cli_help_lists_every_key():
-    res = run_cli("train", "--help")
+    res = a3po("train", "--help")
     assert res.returncode == 0
     for key in all_keys():
         assert f"  {key} (" in res.stdout, key
 
 
 def test_cli_config_prints_loadable_yaml(tmp_path):
-    res = run_cli("config", "actor.prox_logp_method=linear")
+    res = a3po("config", "actor.prox_logp_method=linear")
     assert res.returncode == 0
     p = tmp_path / "out.yaml"
     p.write_text(res.stdout)

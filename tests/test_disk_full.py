@@ -19,13 +19,12 @@ import errno
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import actor_cfg
-from procs import TINY, assert_one_clean_line
+from procs import TINY, a3po, assert_one_clean_line
 
 from a3po.files import DiskFullError, no_space
 from a3po.pipeline.sinks import Sinks
@@ -169,11 +168,6 @@ DISK = "1600k"
 RUN = [*TINY, "total_train_steps=8", "saver.freq_steps=2", "evaluator.freq_steps=0"]
 
 
-def a3po(args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
-
-
 @pytest.mark.slow
 def test_a_run_whose_checkpoint_does_not_fit_ends_in_one_line_and_resumes_from_the_last(tmp_path):
     disk = tmp_path / "disk"
@@ -185,7 +179,7 @@ def test_a_run_whose_checkpoint_does_not_fit_ends_in_one_line_and_resumes_from_t
             (tmp_path / "site").mkdir()
             (tmp_path / "site" / "sitecustomize.py").write_text(SECOND_SAVE_FAILS)
             env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
-        res = a3po(RUN, disk, env)
+        res = a3po("train", *RUN, cwd=disk, env=env)
         assert res.returncode == 1, res.stderr[-3000:]
         line = assert_one_clean_line(res.stderr, "a3po: error: ")
         assert line == ("a3po: error: no space left on device writing a checkpoint in runs/tiny/checkpoints at step 4; "
@@ -194,7 +188,7 @@ def test_a_run_whose_checkpoint_does_not_fit_ends_in_one_line_and_resumes_from_t
         run = disk / "runs" / "tiny"
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_000002"]
         shutil.copytree(run, tmp_path / "moved")  # as a user would, to a disk with room
-    resumed = a3po(["--resume", str(tmp_path / "moved")], tmp_path)
+    resumed = a3po("train", "--resume", str(tmp_path / "moved"), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stderr and "from step_000002 (step 2)" in resumed.stderr, resumed.stderr[-3000:]
     assert (tmp_path / "moved" / "checkpoints" / "latest").read_text() == "step_000008"

@@ -11,22 +11,15 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from procs import CLI, ORPHAN_EXIT_S, TINY, a3po, gone_within
 
 from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
 pytestmark = pytest.mark.slow
-
-TINY = ["--preset", "tiny", "logging.tensorboard=false"]
-
-
-def a3po(*args, cwd, timeout=300, env=None):
-    return subprocess.run([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -39,8 +32,8 @@ def train_steps(rows):
 
 def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
     eta = 2
-    res = a3po(*TINY, f"rollout.max_head_offpolicyness={eta}", "total_train_steps=8", "gconfig.max_new_tokens=32",
-               "evaluator.freq_steps=4", cwd=tmp_path)
+    res = a3po("train", *TINY, f"rollout.max_head_offpolicyness={eta}", "total_train_steps=8",
+               "gconfig.max_new_tokens=32", "evaluator.freq_steps=4", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     run = tmp_path / "runs" / "tiny"
     rows = metrics(run)
@@ -63,7 +56,7 @@ def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
 
 
 def test_synchronous_run_trains_only_on_fresh_tokens(tmp_path):
-    res = a3po(*TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24",
+    res = a3po("train", *TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24",
                cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     steps = train_steps(metrics(tmp_path / "runs" / "tiny"))
@@ -73,7 +66,7 @@ def test_synchronous_run_trains_only_on_fresh_tokens(tmp_path):
 
 
 def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
-    res = a3po(*TINY, "total_train_steps=4", "saver.freq_steps=2", "saver.keep_last=2", cwd=tmp_path)
+    res = a3po("train", *TINY, "total_train_steps=4", "saver.freq_steps=2", "saver.keep_last=2", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     run = tmp_path / "runs" / "tiny"
     # make it look like a crash during step 4: metrics up to step 3, newest checkpoint step 2
@@ -81,7 +74,7 @@ def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
     shutil.rmtree(run / "checkpoints" / "step_000004")
     (run / "checkpoints" / "latest").write_text("step_000002")
-    res = a3po("--resume", str(run), "total_train_steps=6", cwd=tmp_path)
+    res = a3po("train", "--resume", str(run), "total_train_steps=6", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "resuming" in res.stderr
     rows = metrics(run)
@@ -102,16 +95,8 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "a3po.cli", "train", *TINY, "total_train_steps=400",
+    proc = subprocess.Popen([*CLI, "train", *TINY, "total_train_steps=400",
                              "saver.freq_steps=2", "evaluator.freq_steps=0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = tmp_path / "runs" / "tiny"
@@ -125,13 +110,12 @@ def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
-    time.sleep(0.5)
-    assert not [k for k in kids if alive(k)], "worker processes outlived the trainer"
+    assert gone_within(kids, ORPHAN_EXIT_S) is not None, "worker processes outlived the trainer"
     ckpt = latest_checkpoint(run)
     state = load_run_state(ckpt)
     assert (ckpt / "model.safetensors").exists() and state["step"] >= 2
     # and it resumes from there
-    res = a3po("--resume", str(run), f"total_train_steps={state['step'] + 2}", cwd=tmp_path)
+    res = a3po("train", "--resume", str(run), f"total_train_steps={state['step'] + 2}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     steps = [r["step"] for r in metrics(run)]
     assert steps == list(range(0, state["step"] + 3))
@@ -144,7 +128,7 @@ def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
     (["actor.path=./no/such/model"], "no/such/model"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
-    res = a3po(*TINY, *args, cwd=tmp_path, timeout=120)
+    res = a3po("train", *TINY, *args, cwd=tmp_path, timeout=120)
     assert res.returncode == 2, res.stderr[-2000:]
     lines = [line for line in res.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr

@@ -9,11 +9,10 @@ logged: on every training step when it declares no condition, in one of the runs
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from procs import a3po
 
 from a3po.algo.prox import APPROXIMATIONS
 from a3po.metrics import NAMESPACES, PLACEHOLDER, REGISTRY, declaring, is_family, namespace, placeholders
@@ -63,8 +62,7 @@ def logged(tmp_path_factory) -> tuple[dict[str, list[dict]], set[str]]:
     out = {}
     root = tmp_path_factory.mktemp("metric-runs")
     for name, overrides in RUNS.items():
-        res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", "--preset", "tiny", f"experiment_name={name}",
-                              "saver.freq_steps=0", *overrides], cwd=root, capture_output=True, text=True, timeout=600)
+        res = a3po("train", "--preset", "tiny", f"experiment_name={name}", "saver.freq_steps=0", *overrides, cwd=root)
         assert res.returncode == 0, res.stderr[-3000:]
         out[name] = [json.loads(line) for line in (root / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

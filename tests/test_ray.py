@@ -21,7 +21,17 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import TINY, Run, assert_one_clean_line, gone_within, lines_with, proc_stat, session_members, steps_logged
+from procs import (
+    TINY,
+    Run,
+    a3po,
+    assert_one_clean_line,
+    gone_within,
+    lines_with,
+    proc_stat,
+    session_members,
+    steps_logged,
+)
 
 from a3po.trainer.parallel import free_port
 
@@ -252,15 +262,13 @@ def test_without_ray_installed_the_ray_launcher_is_one_line_and_local_runs_never
     hidden = tmp_path / "no_ray"  # every process of the run (the spawned ones too) starts without Ray
     hidden.mkdir()
     (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])}
-    train = [sys.executable, "-m", "a3po.cli", "train", *TINY]
-    res = subprocess.run([*train, "cluster.launcher=ray"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    env = {"PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])}
+    res = a3po("train", *TINY, "cluster.launcher=ray", cwd=tmp_path, env=env)
     assert res.returncode == 2, res.stderr[-3000:]
     line = assert_one_clean_line(res.stderr, "a3po: error: cluster.launcher=ray needs Ray")
     assert "pip install 'a3po[ray]'" in line
-    res = subprocess.run([*train, "total_train_steps=2", "rollout.n_workers=2", "cluster.n_trainer_ranks=2"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    res = a3po("train", *TINY, "total_train_steps=2", "rollout.n_workers=2", "cluster.n_trainer_ranks=2", cwd=tmp_path,
+               env=env)
     assert res.returncode == 0, res.stderr[-3000:]
 
 
@@ -288,8 +296,7 @@ def test_the_object_store_hands_a_worker_exactly_the_published_weights(ray_head,
 
 
 def test_bench_sync_times_both_transports(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "a3po.cli", "bench", "sync", "--model", "tiny", "--repeats", "2",
-                          "--out", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    res = a3po("bench", "sync", "--model", "tiny", "--repeats", "2", "--out", "out", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads((tmp_path / "out" / "sync.json").read_text())
     assert [r["transport"] for r in rec["rows"]] == ["shm", "object store"]

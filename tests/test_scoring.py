@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import pytest
+from procs import TINY, a3po
 
 from a3po.config.schema import DatasetConfig
 from a3po.data import Example, RewardProcess, TaskData, build_reward, load_task
@@ -171,10 +172,8 @@ def test_a_run_goes_on_when_the_reward_hangs_on_some_completions(tmp_path):
                 re.match(r"(a+)+$", "a" * 64 + "b")
             return 1.0
     '''))
-    res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", "--preset", "tiny", "logging.tensorboard=false",
-                          "total_train_steps=3", "train_dataset.reward=hang_rewards:sometimes_hangs",
-                          "train_dataset.reward_timeout_s=0.3", "train_dataset.max_reward_failure_frac=1.0"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    res = a3po("train", *TINY, "total_train_steps=3", "train_dataset.reward=hang_rewards:sometimes_hangs",
+               "train_dataset.reward_timeout_s=0.3", "train_dataset.max_reward_failure_frac=1.0", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "stale/max" in r]

@@ -12,13 +12,20 @@ ORPHAN_EXIT_S, even one stuck in a reward call. (Killed or hung rollout workers:
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from procs import LONG, ORPHAN_EXIT_S, assert_one_clean_line, gone_within, metrics_steps, rollout_workers, steps_logged
+from procs import (
+    LONG,
+    ORPHAN_EXIT_S,
+    a3po,
+    assert_one_clean_line,
+    gone_within,
+    metrics_steps,
+    rollout_workers,
+    steps_logged,
+)
 
 from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
@@ -49,8 +56,7 @@ def test_a_signal_mid_run_stops_cleanly_and_keeps_a_resumable_checkpoint(launch,
     ckpt = latest_checkpoint(run_dir)
     assert (ckpt / "model.safetensors").exists() and not list(ckpt.parent.glob(".tmp-*"))
     step = load_run_state(ckpt)["step"]
-    res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", "--resume", str(run_dir),
-                          f"total_train_steps={step + 2}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    res = a3po("train", "--resume", str(run_dir), f"total_train_steps={step + 2}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert metrics_steps(run_dir) == list(range(0, step + 3))
 

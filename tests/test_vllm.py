@@ -10,12 +10,11 @@ rollout.backend=vllm` (bf16 with the fp32 head) trains with staleness up to eta,
 leaves nothing behind in /dev/shm.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from procs import a3po
 
 from a3po.config import load_config
 from a3po.models import load_policy
@@ -126,19 +125,14 @@ RUN = ["--preset", "tiny", "logging.tensorboard=false", "rollout.backend=vllm", 
        "actor.fp32_lm_head=true", "saver.freq_steps=2", "rollout.max_head_offpolicyness=2"]
 
 
-def a3po(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "a3po.cli", "train", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=900)
-
-
 def test_training_with_vllm_reaches_eta_resumes_and_cleans_up(tmp_path):
     import json
 
     before = set(Path("/dev/shm").iterdir())
-    first = a3po(tmp_path, *RUN, "total_train_steps=4")
+    first = a3po("train", *RUN, "total_train_steps=4", cwd=tmp_path, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "tiny"
-    again = a3po(tmp_path, "--resume", str(run_dir), "total_train_steps=6")
+    again = a3po("train", "--resume", str(run_dir), "total_train_steps=6", cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(7))
@@ -153,12 +147,10 @@ def test_vllm_workers_run_as_ray_actors(tmp_path):
     """The two choices together: vLLM engines inside rollout workers that are Ray actors (on a Ray instance
     the run starts for itself), weights from the object store into vLLM's reload."""
     import json
-    import os
 
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    res = subprocess.run([sys.executable, "-m", "a3po.cli", "train", *RUN, "total_train_steps=4",
-                          "cluster.launcher=ray", "rollout.n_workers=2"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=900)
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    res = a3po("train", *RUN, "total_train_steps=4", "cluster.launcher=ray", "rollout.n_workers=2", cwd=tmp_path,
+               env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Ray actors on a Ray instance started for this run" in res.stderr
     rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
@@ -168,10 +160,9 @@ def test_vllm_workers_run_as_ray_actors(tmp_path):
 def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_path):
     import json
 
-    res = subprocess.run([sys.executable, "-m", "a3po.cli", "bench", "rollout", "--model", "tiny", "--engines",
-                          "local,vllm", "--dtypes", "float32", "--trainer-dtype", "float32", "--batch", "4",
-                          "--max-new-tokens", "8", "--repeats", "2", "--update-every", "0", "--out", "out"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    res = a3po("bench", "rollout", "--model", "tiny", "--engines", "local,vllm", "--dtypes", "float32",
+               "--trainer-dtype", "float32", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2",
+               "--update-every", "0", "--out", "out", cwd=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rec = json.loads((tmp_path / "out" / "rollout.json").read_text())
     rows = {r["engine"]: r for r in rec["arms"]}
