@@ -35,7 +35,7 @@ from a3po.bench.staleness import (
     summarize,
     token_weighted_mean,
 )
-from a3po.bench.staleness_report import _approx_table, _staleness_table, lines_by_eta, markdown, plot
+from a3po.bench.staleness_report import lines_by_eta, markdown, plot
 from a3po.config import ConfigError, load_config
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -274,7 +274,7 @@ def test_aggregate_gives_each_cell_mean_and_spread_over_seeds():
     assert [d["mean"] for d in row["stale_dist"]] == pytest.approx([0.3, 0.6, 0.1])
     assert (row["stale_dist"][2]["min"], row["stale_dist"][2]["max"]) == (0.0, 0.2)
     assert rows["coupled-eta0-mb1"]["stale_dist"] is None
-    lines = _staleness_table(aggregate(runs), [0, 2])
+    lines = table_under(markdown(record_of(runs[:-1], etas=[0, 2])), "## Consumed staleness")
     assert lines[0].endswith("| d=0 | d=1 | d=2 |")
     assert lines[2].endswith("| - |  |  |")  # eta 0, not logged: '-' at d = 0, blank beyond its eta
     assert lines[3].endswith("| 30% (20%..40%) | 60% (40%..80%) | 10% (0%..20%) |")
@@ -292,7 +292,9 @@ def test_approximation_table_has_a_row_for_every_d_up_to_eta():
     assert [(r["staleness"], r["tokens"]) for r in t["rows"]] == [("d0", 40), ("d1", 0), ("d2", 40), ("d3", 0),
                                                                    ("all", 80)]
     assert t["rows"][2]["loglinear/abs"] == pytest.approx((30 * 0.2 + 10 * 0.6) / 40)
-    lines = _approx_table(t["rows"])
+    md = markdown(record_of(runs, etas=[3], approx=[t]))
+    assert "## Proximal approximation error (recompute cells)" in md
+    lines = table_under(md, "### eta = 3, 1 minibatch(es)")
     assert lines[3] == "| 1 | 0 | - | - | - | - | - | - |"  # no token at d = 1: shown, not omitted
     assert lines[4].startswith("| 2 | 40 | 3.00e-01 | - |")  # rel was never logged: '-'
     assert [r["staleness"] for r in every_d_rows([], 1)] == ["d0", "d1"]
@@ -316,15 +318,25 @@ def test_each_line_starts_from_the_coupled_eta0_baseline_of_its_minibatch_count(
     assert list(single) == ["coupled", "loglinear"]  # one minibatch count: no 'mb' in the labels
 
 
+def record_of(runs: list[dict], etas: list[int], approx: list[dict] | None = None, skipped: list | None = None) -> dict:
+    """The record `a3po bench staleness` writes results.md from, for these runs."""
+    args = StalenessArgs(etas=etas, minibatches=[1, 4], arms=["coupled", "loglinear", "reuse"])
+    return {"command": "a3po bench staleness", "args": vars(args), "cpu_model": "cpu", "avx512_bf16": False,
+            "cpu_count": 2, "torch": "2", "wall_s": 60.0, "runs": runs, "table": aggregate(runs),
+            "approx": approx or [], "configs": {"x": _cfg_dict()}, "skipped": skipped or [], "plots": []}
+
+
+def table_under(md: str, heading: str) -> list[str]:
+    """The lines of the first Markdown table after the heading."""
+    after = md.split(f"\n{heading}\n", 1)[1].lstrip("\n").split("\n")
+    return after[:next(i for i, line in enumerate(after) if not line.startswith("|"))]
+
+
 def test_markdown_lists_skipped_cells_and_shows_unlogged_metrics_as_dashes():
     runs = [_run("coupled", 0, 1, 1), _run("loglinear", 2, 1, 1)]
-    args = StalenessArgs(etas=[0, 2], minibatches=[1, 4], arms=["coupled", "loglinear", "reuse"])
-    record = {"command": "a3po bench staleness", "args": vars(args), "cpu_model": "cpu", "avx512_bf16": False,
-              "cpu_count": 2, "torch": "2", "wall_s": 60.0, "runs": runs, "table": aggregate(runs), "approx": [],
-              "configs": {"x": _cfg_dict()},
-              "skipped": [{"cell": "reuse-eta2-mb4", "reason": reason_single_step("reuse")},
-                          {"cell": "reuse-eta0-mb1", "reason": REASON_ETA0}], "plots": []}
-    md = markdown(record)
+    skipped = [{"cell": "reuse-eta2-mb4", "reason": reason_single_step("reuse")},
+               {"cell": "reuse-eta0-mb1", "reason": REASON_ETA0}]
+    md = markdown(record_of(runs, etas=[0, 2], skipped=skipped))
     assert "Skipped cells: `reuse-eta2-mb4`" in md and "`reuse-eta0-mb1`" not in md
     assert "At eta = 0 only the `coupled` arm runs by default" in md and "without AVX512-BF16" in md
     row = next(line for line in md.splitlines() if line.startswith("| loglinear | 2 | 1 | 10.0 |"))
