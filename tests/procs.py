@@ -89,6 +89,17 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
+def children_of(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is pid."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            fields = proc_stat(int(d.name))
+            if fields and fields[0] != "Z" and int(fields[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
 def rollout_workers(run: Run) -> list[int]:
     def is_worker(pid):
         try:

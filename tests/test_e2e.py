@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import CLI, ORPHAN_EXIT_S, TINY, a3po, gone_within
+from procs import CLI, ORPHAN_EXIT_S, TINY, a3po, children_of, gone_within
 
 from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
@@ -80,19 +80,6 @@ def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
     rows = metrics(run)
     assert [r["step"] for r in rows] == list(range(0, 7))
     assert load_run_state(latest_checkpoint(run))["step"] == 6
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(d.name))
-    return out
 
 
 def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):

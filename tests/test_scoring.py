@@ -4,15 +4,13 @@ and the caller never blocks. The reward functions live in a module written to tm
 are named `module:function`, as a user's are."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from procs import TINY, a3po
+from procs import TINY, a3po, children_of, gone_within
 
 from a3po.config.schema import DatasetConfig
 from a3po.data import Example, RewardProcess, TaskData, build_reward, load_task
@@ -132,33 +130,17 @@ def test_the_child_exits_when_its_parent_is_killed(tmp_path):
         from a3po.config.schema import DatasetConfig
         from a3po.data import Example, RewardProcess, TaskData, build_reward
         r = RewardProcess(build_reward(DatasetConfig(), TaskData("chain_sum", [], [])), 60)
-        print(r.score_all([("1", Example("q", "1", 0))]), r._proc.pid, flush=True)
+        print(r.score_all([("1", Example("q", "1", 0))]), flush=True)
         time.sleep(600)
     '''))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        answer, _, child = parent.stdout.readline().rpartition(" ")
-        assert answer == "[(1.0, None)]"
-        child = int(child)
-        os.kill(child, 0)  # alive while its parent is
+        assert parent.stdout.readline().strip() == "[(1.0, None)]"
+        (child,) = children_of(parent.pid)  # the reward process, alive while its parent is
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-    assert wait_gone(child, 10), "the reward child outlived its killed parent by 10 s"
-
-
-def wait_gone(pid: int, seconds: float) -> bool:
-    """True once pid has exited (a zombie nobody reaped counts as exited)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
+    assert gone_within([child], 10) is not None, "the reward child outlived its killed parent by 10 s"
 
 
 @pytest.mark.slow

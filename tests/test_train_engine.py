@@ -250,8 +250,9 @@ def test_the_proximal_pass_runs_in_eval_mode_so_dropout_leaves_it_exact(tiny):
     batch = fixed_batch(with_dropout(model), len(tok))  # behaviour log-probs of an eval-mode forward
     eng = TrainEngine(copy.deepcopy(model), actor_cfg("actor.prox_logp_method=recompute"), 1)
     eng.model.train()  # as ppo_update has it when it recomputes the proximal log-probs
-    train_mode, _ = eng._logp(eng.policy, batch)
-    assert not torch.equal(train_mode, batch.logp_behav), "dropout is not on: the test proves nothing"
+    pred_mask = batch.loss_mask[:, 1:]
+    train_mode, _ = eng.policy(batch.input_ids, batch.attention_mask, pred_mask)  # the tokens' log-probs, in order
+    assert not torch.equal(train_mode, batch.logp_behav[:, 1:][pred_mask]), "dropout is not on: the test proves nothing"
     first, second = eng.compute_logp(batch), eng.compute_logp(batch)
     assert torch.equal(first, second) and torch.equal(first, batch.logp_behav)
     assert eng.model.training, "train mode is restored after the pass"
