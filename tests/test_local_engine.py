@@ -301,16 +301,15 @@ def test_other_architectures_fall_back_to_the_hugging_face_forward(tiny):
         engine_for(gpt2, tok, "a3po")
 
 
-def test_the_kv_decoder_without_prepacked_weights_computes_the_same_logits(tiny, monkeypatch):
+def test_the_kv_decoder_without_prepacked_weights_computes_the_same_logits(tiny):
     from a3po.rollout import kv_decoder
 
     model, tok = tiny
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     ps = prompts(tok, 3)
     packed = kv_decoder.KVDecoder(bf16, rows=3)
-    assert packed.qkv[0].pack == kv_decoder._can_pack()
-    monkeypatch.setattr(kv_decoder, "_can_pack", lambda: False)  # a torch without oneDNN's private linear ops
-    plain = kv_decoder.KVDecoder(bf16, rows=3)
+    assert packed.qkv[0].pack == kv_decoder.can_pack()
+    plain = kv_decoder.KVDecoder(bf16, rows=3, pack=False)  # as on a torch without oneDNN's private linear ops
     assert not plain.qkv[0].pack
     a, b = packed.prefill(0, ps), plain.prefill(0, ps)
     assert (a.float() - b.float()).abs().max() < 0.05 * a.float().abs().max()

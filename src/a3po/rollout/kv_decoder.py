@@ -52,7 +52,9 @@ def unsupported(model) -> str | None:
 
 
 class KVDecoder:
-    def __init__(self, model, rows: int):
+    def __init__(self, model, rows: int, pack: bool | None = None):
+        """pack: store the linear layers' weights prepacked for oneDNN; None: where that is faster and available
+        (bf16 on a CPU whose torch has the op, `can_pack`)."""
         cfg = model.config
         self.body, self.head = model.model, model.get_output_embeddings()
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -65,7 +67,8 @@ class KVDecoder:
         self.keys: list[Tensor] = []  # per layer (rows, kv heads, capacity, head dim), the model's dtype
         self.values: list[Tensor] = []
         self.cos = self.sin = torch.empty(0)  # (capacity, head dim) in the model's dtype
-        pack = self.device.type == "cpu" and self.dtype == torch.bfloat16 and _can_pack()
+        if pack is None:
+            pack = self.device.type == "cpu" and self.dtype == torch.bfloat16 and can_pack()
         attn, mlp = [layer.self_attn for layer in self.body.layers], [layer.mlp for layer in self.body.layers]
         self.qkv = [_Linear([a.q_proj, a.k_proj, a.v_proj], pack) for a in attn]
         self.out = [_Linear([a.o_proj], pack) for a in attn]
@@ -216,7 +219,7 @@ class _Linear:
 
 
 @functools.cache
-def _can_pack() -> bool:
+def can_pack() -> bool:
     """oneDNN's prepacked linear is a private torch op: used only where it exists and runs."""
     try:
         w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=torch.bfloat16), 1)
