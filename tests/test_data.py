@@ -24,7 +24,6 @@ from a3po.data import (
     extract_final_answer,
     extract_final_expression,
     load_task,
-    tasks,
 )
 from a3po.data.tasks import normalise_question
 
@@ -365,21 +364,20 @@ def test_extract_final_expression(text, expected):
     assert extract_final_expression(text) == expected
 
 
-class FailsOn:
-    """A real reasoning-gym dataset whose listed draws raise, as a generator's rare bug does."""
-
-    def __init__(self, dataset, bad):
-        self.dataset, self.bad = dataset, bad
-
-    def __getitem__(self, i):
-        if i in self.bad(i):
-            raise ZeroDivisionError("division by zero")
-        return self.dataset[i]
-
-
 def failing_generator(monkeypatch, bad):
-    real = tasks._generator
-    monkeypatch.setattr(tasks, "_generator", lambda *a: FailsOn(real(*a), bad))
+    """reasoning-gym's chain_sum, registered in its place, except that the draws i in bad(i) raise, as a generator's
+    rare bug does."""
+    from reasoning_gym.factory import DATASETS
+
+    real, config = DATASETS["chain_sum"]
+
+    class FailsOn(real):
+        def __getitem__(self, i):
+            if i in bad(i):
+                raise ZeroDivisionError("division by zero")
+            return super().__getitem__(i)
+
+    monkeypatch.setitem(DATASETS, "chain_sum", (FailsOn, config))
 
 
 def test_a_rare_generator_failure_is_skipped_not_fatal(monkeypatch):
