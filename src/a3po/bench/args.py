@@ -205,8 +205,8 @@ class RolloutBenchArgs(BenchArgs):
     model: str = option("smollm2-135m-instruct", "actor.path (tiny for a quick run)")
     dtypes: list[str] = option(list(ROLLOUT_DTYPES), choices=ROLLOUT_DTYPES, nonempty=True, unique=True)
     engines: list[str] = option([Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE],
-                                "vllm: where vLLM is installed, docs/scaling.md", choices=ROLLOUT_ENGINES, nonempty=True,
-                                unique=True)
+                                "vllm: where vLLM is installed, docs/scaling.md", choices=ROLLOUT_ENGINES,
+                                nonempty=True, unique=True)
     trainer_dtype: str = option(AUTO, "actor.dtype of the trainer the log-probs are compared with",
                                 choices=Dtype.CHOICES)
     batch: int = option(64, "requests in the batch (the worker's max batch)", ge=1)  # one worker's full load
