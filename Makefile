@@ -1,4 +1,4 @@
-# The two set-up commands of README.md. Each creates .venv on first use, installs
+# The set-up commands of README.md. Each creates .venv on first use, installs
 # a3po and what it needs into it, then runs the job.
 #   make train [ARGS="key=value ..."]   the main job: a3po train on the embedded default
 #   make test  [PYTEST_ARGS=...]        the whole test suite: .venv, then the vLLM tests in .venv-vllm (what CI runs)
