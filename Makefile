@@ -3,7 +3,7 @@
 #   make train [ARGS="key=value ..."]   the main job: a3po train on the embedded default
 #   make test  [PYTEST_ARGS=...]        the whole test suite: .venv, then the vLLM tests in .venv-vllm (what CI runs)
 #   make test-fast [PYTEST_ARGS=...]    the inner loop: ruff and the tests not marked slow or vllm, in .venv only
-#                                       (under a minute on 2 cores); pytest's exit code 5 (no test ran) fails it too
+#                                       pytest's exit code 5 (no test ran) fails it, as in make test
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
