@@ -78,26 +78,25 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (not zombie) processes whose session id is sid."""
+def _live_where(field: int, value: int) -> list[int]:
+    """Live (not zombie) processes whose /proc stat field `field` (after the state) equals value."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             fields = proc_stat(int(d.name))
-            if fields and fields[0] != "Z" and int(fields[3]) == sid:
+            if fields and fields[0] != "Z" and int(fields[field]) == value:
                 out.append(int(d.name))
     return out
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes whose session id is sid."""
+    return _live_where(3, sid)
 
 
 def children_of(pid: int) -> list[int]:
     """Live (not zombie) processes whose parent is pid."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            fields = proc_stat(int(d.name))
-            if fields and fields[0] != "Z" and int(fields[1]) == pid:
-                out.append(int(d.name))
-    return out
+    return _live_where(1, pid)
 
 
 def rollout_workers(run: Run) -> list[int]:
