@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, fields
 from functools import cache
 
+from a3po.config.choices import EpisodeEnd
+
 # Modules that write the keys, named once here so that each entry stays one line.
 STATS = "a3po.algo.stats"
 ENGINE = "a3po.trainer.engine"
@@ -37,6 +39,7 @@ NOTATION = (
 EVAL_STEPS = "evaluation steps: step 0 (not on --resume), then every evaluator.freq_steps steps and the last"
 NO_D0 = "steps whose first minibatch has tokens of staleness 0 (always step 1)"
 METRICS_MODE = "actor.prox_logp_method=metrics"
+ENV = "train_dataset.env"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ NAMESPACES = {
     "prox_err": "proximal approximations against the recomputed truth (prox_logp_method=metrics)",
     "train": "the optimizer",
     "rollout": "the step's samples and the rollout workers",
+    "episode": "multi-turn episodes (train_dataset.env), means over the step's episodes",
     "eval": "held-out greedy evaluation",
     "perf": "where the step's time went",
 }
@@ -131,10 +135,27 @@ REGISTRY: tuple[Metric, ...] = (
     _m("rollout/idle_frac", "fraction", LOOP, "mean of `rollout/idle_frac/w<i>` over the workers"),
     _m("rollout/idle_frac/w<i>", "fraction", LOOP,
        "share of worker i's time since the previous step with nothing to generate; one key per worker"),
+    # episode/
+    _m("episode/turns_mean", "turns", LOOP, "model turns per episode", ENV),
+    _m("episode/tool_calls_mean", "calls", LOOP, "tool calls per episode (turns whose step set tool_call)", ENV),
+    _m("episode/tool_errors_mean", "calls", LOOP, "bad tool calls per episode (tool_error)", ENV),
+    _m("episode/success_frac", "fraction", LOOP, "share of episodes whose undiscounted reward reached 1", ENV),
+    _m("episode/observation_token_frac", "fraction", LOOP,
+       "observation tokens / all tokens after the prompts (observations and model turns)", ENV),
+    _m("episode/env_time_frac", "fraction", LOOP,
+       "mean over episodes of the time their environment calls took (waiting included) / their time in the worker",
+       ENV),
+    _m("episode/versions_spanned_mean", "versions", LOOP, "distinct versions among an episode's generated tokens",
+       ENV),
+    _m("episode/finish/<reason>", "fraction", LOOP, "share of episodes that ended for this reason", ENV),
     # eval/
-    _m("eval/accuracy", "fraction", EVALUATE, "share of held-out examples whose greedy completion scores >= 1",
+    _m("eval/accuracy", "fraction", EVALUATE, "share of held-out examples whose greedy completion (episode) scores "
+       ">= 1, before any turn discount", EVAL_STEPS),
+    _m("eval/reward", "reward", EVALUATE, "mean reward of the held-out greedy completions (episodes, discounted)",
        EVAL_STEPS),
-    _m("eval/reward", "reward", EVALUATE, "mean reward of the held-out greedy completions", EVAL_STEPS),
+    _m("eval/turns_mean", "turns", EVALUATE, "model turns per held-out greedy episode", f"{EVAL_STEPS}, with {ENV}"),
+    _m("eval/tool_use_frac", "fraction", EVALUATE, "share of held-out greedy episodes that called a tool at least once",
+       f"{EVAL_STEPS}, with {ENV}"),
     # perf/
     _m("perf/rollout_wait_s", "s", LOOP, "trainer time waiting for this step's prompt groups"),
     _m("perf/prox_logp_s", "s", ENGINE,
@@ -172,6 +193,7 @@ def placeholders() -> dict[str, tuple[str, str]]:
                      f"an approximation of the proximal log-probs: {', '.join(APPROXIMATIONS)} "
                      "(behav is coupled PPO's p = b)"),
         "<err>": ("|".join(map(re.escape, errors)), f"an error kind: {', '.join(errors)}"),
+        "<reason>": ("|".join(EpisodeEnd.CHOICES), f"why an episode ended: {', '.join(EpisodeEnd.CHOICES)}"),
     }
 
 

@@ -187,6 +187,16 @@ class DatasetConfig:
                                          ge=0, le=1)
     dynamic_filtering: bool = opt(False, "drop groups whose rewards are all equal (no learning signal) "
                                          "and refill from the dataset")
+    env: str | None = opt(None, "multi-turn episodes in an environment: retry (wrong answers get 'try again'), "
+                                "calculator (a <calc> tool), guess (higher/lower) or module:Class (docs/training.md); "
+                                "null = single-turn completions scored by train_dataset.reward")
+    max_turns: int = opt(4, "with env: the most model turns per episode (gconfig.max_new_tokens is per turn)", ge=1)
+    max_context_tokens: int = opt(1024, "with env: the most tokens an episode's context (prompt, turns, observations) "
+                                        "may reach; an episode that would pass it ends", ge=2)
+    turn_discount: float | None = opt(None, "with env: the reward of turn k counts discount^(k-1); null = the "
+                                            "environment's own (retry 0.5, guess 0.8, calculator 1)", ge=0, le=1)
+    env_timeout_s: float = opt(5.0, "with env: an environment call (reset or step) running longer than this fails its "
+                                    "episode (the environment's process is restarted) and counts as a failure", gt=0)
 
 
 @dataclass

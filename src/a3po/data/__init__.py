@@ -5,10 +5,10 @@ calls to them that a timeout really ends (`scoring`).
 """
 
 from a3po.data.rewards import RewardFn, build_reward, extract_final_answer, extract_final_expression
-from a3po.data.scoring import RewardProcess
+from a3po.data.scoring import CallProcess, RewardProcess
 from a3po.data.tasks import DataError, Example, TaskData, build_messages, load_task
 
 __all__ = [
-    "DataError", "Example", "RewardFn", "RewardProcess", "TaskData", "build_messages", "build_reward",
+    "CallProcess", "DataError", "Example", "RewardFn", "RewardProcess", "TaskData", "build_messages", "build_reward",
     "extract_final_answer", "extract_final_expression", "load_task",
 ]

@@ -228,16 +228,17 @@ class ExactReward:
         return float(as_number(extract_final_answer(completion)) == reference)
 
 
-class ModuleReward:
-    """A user's `module:function`; pickled as its spec and re-imported in the receiving process."""
+class Imported:
+    """A user's `module:attribute` (a reward function, an environment class); pickled as its spec and
+    re-imported in the receiving process."""
 
     def __init__(self, spec: str):
         self.spec = spec
         self.search_dir: str | None = None  # where the module was found, so a spawned worker finds it too
-        self._fn = None
+        self._obj = None
 
-    def resolve(self) -> Callable:
-        if self._fn is None:
+    def resolve(self) -> Any:
+        if self._obj is None:
             module_name, _, attr = self.spec.partition(":")
             _ensure_on_path(os.getcwd())
             try:
@@ -247,21 +248,21 @@ class ModuleReward:
                     raise
                 _ensure_on_path(self.search_dir)
                 module = importlib.import_module(module_name)
-            fn: Any = module
+            obj: Any = module
             for part in attr.split("."):
-                fn = getattr(fn, part)
+                obj = getattr(obj, part)
             self.search_dir = self.search_dir or _root_dir(module_name)
-            self._fn = fn
-        return self._fn
+            self._obj = obj
+        return self._obj
 
-    def __call__(self, completion: str, example: Example) -> float:
-        return self.resolve()(completion, example)
+    def __call__(self, *args):
+        return self.resolve()(*args)
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "search_dir": self.search_dir}
 
     def __setstate__(self, state: dict) -> None:
-        self.spec, self.search_dir, self._fn = state["spec"], state["search_dir"], None
+        self.spec, self.search_dir, self._obj = state["spec"], state["search_dir"], None
 
 
 def _ensure_on_path(directory: str) -> None:
@@ -279,21 +280,28 @@ def _root_dir(module_name: str) -> str | None:
     return os.path.dirname(top.__file__) if getattr(top, "__file__", None) else None
 
 
-def _user_reward(spec: str) -> ModuleReward:
+def import_spec(spec: str, setting: str, what: str) -> tuple[Imported, Any]:
+    """`module:attribute` imported for the config key `setting`, and what it names; a DataError says why not."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise DataError(f"train_dataset.reward={spec!r}: write a custom reward as module:function")
-    reward = ModuleReward(spec)
+        raise DataError(f"{setting}={spec!r}: write a custom {what}")
+    ref = Imported(spec)
     try:
-        fn = reward.resolve()
+        obj = ref.resolve()
     except ImportError as e:
-        raise DataError(f"train_dataset.reward={spec!r}: cannot import {module_name!r} ({e}); put it on PYTHONPATH "
+        raise DataError(f"{setting}={spec!r}: cannot import {module_name!r} ({e}); put it on PYTHONPATH "
                         f"or in the current directory ({os.getcwd()})") from None
     except AttributeError:
-        raise DataError(f"train_dataset.reward={spec!r}: {module_name!r} has no attribute {attr!r}") from None
+        raise DataError(f"{setting}={spec!r}: {module_name!r} has no attribute {attr!r}") from None
     except Exception as e:
-        raise DataError(f"train_dataset.reward={spec!r}: importing {module_name!r} raised "
+        raise DataError(f"{setting}={spec!r}: importing {module_name!r} raised "
                         f"{type(e).__name__}: {e}") from None
+    return ref, obj
+
+
+def _user_reward(spec: str) -> Imported:
+    reward, fn = import_spec(spec, "train_dataset.reward", "reward as module:function")
+    attr = spec.partition(":")[2]
     if not callable(fn):
         raise DataError(f"train_dataset.reward={spec!r}: {attr!r} is of type {type(fn).__name__}, not a function; "
                         "point it at a function (completion, example) -> float")

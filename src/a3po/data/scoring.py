@@ -1,15 +1,17 @@
-"""Reward calls in a child process, so that a timeout really ends a call.
+"""Calls into user code in a child process, so that a timeout really ends a call.
 
-A reward function is user code: it can raise, return NaN, loop forever, or hold the GIL in
-a catastrophic regex, where no thread-based timeout can interrupt it. Each `RewardProcess`
-owns one child Python process that unpickles the reward function once and
-then answers calls one at a time over a pipe. The caller never blocks on it: a rollout
+A reward function or an environment is user code: it can raise, return NaN, loop forever, or
+hold the GIL in a catastrophic regex, where no thread-based timeout can interrupt it. Each
+`CallProcess` owns one child Python process that unpickles a handler once and then answers
+calls one at a time over a pipe; `RewardProcess` is one whose handler scores completions
+(environments use another, a3po/envs/host.py). The caller never blocks on it: a rollout
 worker submits a finished group's completions and keeps decoding, collecting answers with
 `poll()` between decode steps. A call that runs past `timeout_s` scores 0, and the child is
 killed and started afresh for the calls behind it; so a hung reward costs its timeout once,
 not the worker. A child that dies (os._exit, a crash) is replaced the same way.
 
-Every failure is an answer, never an exception: (0.0, reason), counted by the caller.
+Every failure is an answer, never an exception: (None, reason) (a reward: (0.0, reason)),
+counted by the caller.
 The child's own stdout is sent to stderr, so a reward that prints cannot break the pipe's
 framing, and it exits when its parent closes the pipe (end of file), or within a second of
 its parent's death if it is stuck in a call (a3po/child.py); it ignores a terminal's Ctrl-C,
@@ -36,103 +38,134 @@ from a3po import child, signals
 # not `-m a3po.data.scoring`: the package imports this module first, and runpy warns about that
 CHILD = "from a3po.data.scoring import _serve; _serve()"
 HEADER = struct.Struct("<I")  # length prefix of each pickled frame
-Answer = tuple[Any, float, "str | None"]  # (key, reward, failure reason or None)
+Answer = tuple[Any, Any, "str | None"]  # (key, value, failure reason or None); value is None on a failure
 
 
 @dataclass
 class _Call:
     key: Any
-    completion: str
-    example: Any
+    args: tuple
+    frame: bytes = b""  # pickled once sent, kept to send again to a new child
 
 
-class RewardProcess:
-    def __init__(self, fn, timeout_s: float):
-        self._fn_blob = pickle.dumps(fn)  # fails here, in the caller, if the function cannot travel
+class CallProcess:
+    """Calls `handler(*args) -> (value, failure or None)` in a child process, in order, each bounded by
+    `timeout_s` from when the child starts it. An exception in the handler is the failure "Type: message".
+
+    Calls are written to the child ahead of its answers (up to AHEAD_BYTES of them), so a poll
+    collects every answer that is ready rather than one per round trip; the call the child
+    works on is the first unanswered one. When it overruns or the child dies, the child is
+    replaced and the calls behind it are sent again to the new one."""
+
+    AHEAD_BYTES = 32 << 10  # less than a pipe's buffer: a write never blocks on a busy (or hung) child
+
+    def __init__(self, handler, timeout_s: float):
+        self._fn_blob = pickle.dumps(handler)  # fails here, in the caller, if the handler cannot travel
         self.timeout_s = float(timeout_s)
         self.restarts = 0  # children killed for a timeout or found dead
-        self._waiting: deque[_Call] = deque()
-        self._current: _Call | None = None
+        self.what = "call"  # named in the failure of a child that died
+        self._waiting: deque[_Call] = deque()  # not yet written to the child
+        self._sent: deque[tuple[int, _Call]] = deque()  # written, unanswered, in order: the first is running
+        self._sent_bytes = 0
+        self._head_since = 0.0  # when the child started the first of _sent
         self._call_id = 0
-        self._sent_at = 0.0
         self._answers: queue.Queue = queue.Queue()
         self._proc: subprocess.Popen | None = None
 
     # -- the caller's side ----------------------------------------------------------------
 
-    def submit(self, key: Any, completion: str, example: Any) -> None:
-        self._waiting.append(_Call(key, completion, example))
-        self._send_next()
+    def submit(self, key: Any, *args) -> None:
+        self._waiting.append(_Call(key, args))
+        self._send()
 
     @property
     def pending(self) -> int:
-        return len(self._waiting) + (self._current is not None)
+        return len(self._waiting) + len(self._sent)
 
     def poll(self) -> list[Answer]:
         """Answers that have arrived, without blocking; enforces the timeout of the call running."""
         out = []
-        while self._current is not None:
+        while self._sent:
             answer = self._next_answer(block_s=0.0)
             if answer is None:
                 break
             out.append(answer)
         return out
 
-    def score_all(self, items: list[tuple[str, Any]]) -> list[tuple[float, str | None]]:
-        """Score (completion, example) pairs in order, blocking; each call is bounded by the timeout."""
-        for i, (completion, example) in enumerate(items):
-            self.submit(i, completion, example)
-        got: dict[int, tuple[float, str | None]] = {}
-        while self._current is not None:
+    def wait(self, block_s: float) -> list[Answer]:
+        """Like poll, but waits up to `block_s` for the first answer when none has arrived yet."""
+        first = self._next_answer(block_s=block_s) if self._sent else None
+        return ([first] if first is not None else []) + self.poll()
+
+    def call_all(self, calls: list[tuple]) -> list[tuple[Any, str | None]]:
+        """Make the calls (argument tuples) in order, blocking; each is bounded by the timeout."""
+        for i, args in enumerate(calls):
+            self.submit(i, *args)
+        got: dict[int, tuple[Any, str | None]] = {}
+        while self._sent:
             answer = self._next_answer(block_s=min(0.5, self.timeout_s))
             if answer is not None:
                 got[answer[0]] = answer[1:]
-        return [got[i] for i in range(len(items))]
+        return [got[i] for i in range(len(calls))]
 
     def close(self) -> None:
         self._waiting.clear()
-        self._current = None
+        self._sent.clear()
         self._stop_child(kill=False)
 
-    # -- one call at a time ---------------------------------------------------------------
+    # -- the calls in the child ----------------------------------------------------------
 
     def _next_answer(self, block_s: float) -> Answer | None:
-        """The current call's answer, or its failure once it overran or the child died; None if still running."""
-        call = self._current
+        """The running call's answer, or its failure once it overran or the child died; None if still running."""
         deadline = time.monotonic() + block_s
         while True:
             try:
-                call_id, reward, failure = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                call_id, value, failure = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if call_id == self._call_id:  # an answer from a killed child is stale
-                return self._finish((call.key, reward, failure))
-        if time.monotonic() - self._sent_at > self.timeout_s:
-            self._restart()
-            return self._finish((call.key, 0.0, f"timeout after {self.timeout_s:g}s"))
+            if self._sent and call_id == self._sent[0][0]:  # else an answer from a killed child: stale
+                return self._answered((self._sent[0][1].key, value, failure))
+        if time.monotonic() - self._head_since > self.timeout_s:
+            return self._replace_child(f"timeout after {self.timeout_s:g}s")
         if self._proc is not None and self._proc.poll() is not None and self._answers.empty():
-            code = self._proc.returncode
-            self._restart()
-            return self._finish((call.key, 0.0, f"reward process exited with status {code}"))
+            return self._replace_child(f"{self.what} process exited with status {self._proc.returncode}")
         return None
 
-    def _finish(self, answer: Answer) -> Answer:
-        self._current = None
-        self._send_next()
+    def _answered(self, answer: Answer) -> Answer:
+        _, call = self._sent.popleft()
+        self._sent_bytes -= len(call.frame)
+        self._head_since = time.monotonic()  # the child goes on to the next call now
+        self._send()
         return answer
 
-    def _send_next(self) -> None:
-        if self._current is not None or not self._waiting:
-            return
-        if self._proc is None:
-            self._start_child()
-        self._current = self._waiting.popleft()
-        self._call_id += 1
-        self._sent_at = time.monotonic()
-        try:
-            _write_frame(self._proc.stdin, (self._call_id, self._current.completion, self._current.example))
-        except (BrokenPipeError, OSError):
-            pass  # the child is gone: the next poll sees it exit and answers for it
+    def _replace_child(self, why: str) -> Answer:
+        """Fail the running call, start a new child and send it the calls that were behind it."""
+        _, call = self._sent.popleft()
+        self._waiting.extendleft(reversed([c for _, c in self._sent]))
+        self._sent.clear()
+        self._sent_bytes = 0
+        self._restart()
+        self._send()
+        return call.key, None, why
+
+    def _send(self) -> None:
+        while self._waiting:
+            call = self._waiting[0]
+            call.frame = call.frame or pickle.dumps(call.args)
+            if self._sent and self._sent_bytes + len(call.frame) > self.AHEAD_BYTES:
+                return
+            if self._proc is None:
+                self._start_child()
+            self._waiting.popleft()
+            self._call_id += 1
+            if not self._sent:
+                self._head_since = time.monotonic()
+            self._sent.append((self._call_id, call))
+            self._sent_bytes += len(call.frame)
+            try:
+                _write_frame(self._proc.stdin, HEADER.pack(self._call_id) + call.frame, raw=True)
+            except (BrokenPipeError, OSError):
+                pass  # the child is gone: the next poll sees it exit and answers for it
 
     def _restart(self) -> None:
         self.restarts += 1
@@ -148,7 +181,7 @@ class RewardProcess:
                                           stdout=subprocess.PIPE, bufsize=0, env=env)
         _write_frame(self._proc.stdin, self._fn_blob, raw=True)
         answers = self._answers
-        threading.Thread(target=_read_answers, args=(self._proc.stdout, answers), name="a3po-reward-reader",
+        threading.Thread(target=_read_answers, args=(self._proc.stdout, answers), name=f"a3po-{self.what}-reader",
                          daemon=True).start()
 
     def _stop_child(self, kill: bool) -> None:
@@ -168,6 +201,31 @@ class RewardProcess:
     def __del__(self):
         if getattr(self, "_proc", None) is not None:
             self._proc.kill()
+
+
+class RewardProcess(CallProcess):
+    """Scores completions with a reward function `fn(completion, example) -> float`; a failure scores 0.0."""
+
+    def __init__(self, fn, timeout_s: float):
+        super().__init__(ScoreCall(fn), timeout_s)
+        self.what = "reward"
+
+    def poll(self) -> list[Answer]:
+        return [(key, 0.0 if failure else value, failure) for key, value, failure in super().poll()]
+
+    def score_all(self, items: list[tuple[str, Any]]) -> list[tuple[float, str | None]]:
+        """Score (completion, example) pairs in order, blocking; each call is bounded by the timeout."""
+        return [(0.0 if failure else value, failure) for value, failure in self.call_all(items)]
+
+
+class ScoreCall:
+    """The child's side of a reward: the function's value checked to be a finite number."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, completion: str, example: Any) -> tuple[float, str | None]:
+        return checked(self.fn(completion, example))
 
 
 def _read_answers(stream: BinaryIO, answers: queue.Queue) -> None:
@@ -209,7 +267,7 @@ def checked(value: Any) -> tuple[float, str | None]:
 
 
 def _serve() -> None:
-    """The child: answer (call id, completion, example) frames until the parent closes the pipe.
+    """The child: answer frames (a call id, then the pickled args) until the parent closes the pipe.
 
     The parent may also die in the middle of a call that never returns; exit_when_orphaned
     ends the child then, since no end of file would ever be read."""
@@ -219,13 +277,16 @@ def _serve() -> None:
     os.dup2(2, 1)  # the reward's prints go to stderr, not into the answers
     sys.stdout = sys.stderr
     requests = sys.stdin.buffer
-    fn = pickle.loads(_read_frame(requests))
+    handler = pickle.loads(_read_frame(requests))
     while (frame := _read_frame(requests)) is not None:
-        call_id, completion, example = pickle.loads(frame)
+        (call_id,), args = HEADER.unpack(frame[:HEADER.size]), pickle.loads(frame[HEADER.size:])
         try:
-            reward, failure = checked(fn(completion, example))
-        except BaseException as e:  # a user function may raise anything, SystemExit included
-            reward, failure = 0.0, f"{type(e).__name__}: {e}"[:300]
-        _write_frame(answers, (call_id, reward, failure))
+            value, failure = handler(*args)
+        except BaseException as e:  # user code may raise anything, SystemExit included
+            value, failure = None, f"{type(e).__name__}: {e}"[:300]
+        try:
+            _write_frame(answers, (call_id, value, failure))
+        except Exception as e:  # a value that cannot be pickled back
+            _write_frame(answers, (call_id, None, f"unpicklable result ({type(e).__name__}: {e})"[:300]))
 
 

@@ -21,6 +21,7 @@ import time
 
 from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rewards, staleness_stats
 from a3po.config import Config
+from a3po.config.choices import EpisodeEnd
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.pipeline.controller import Controller, Snapshot
@@ -48,6 +49,27 @@ def batch_with_advantages(cfg: Config, engine: TrainEngine, trajs: list[Trajecto
     adv = normalize_advantages(rewards, cfg.gconfig.n_samples, a.adv_norm.mean_level, a.adv_norm.std_level,
                                a.adv_norm.mean_leave1out, a.adv_norm.eps)
     return batch.with_advantages(adv), stats
+
+
+def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
+    """Per-episode means of what multi-turn episodes did; nothing for single-turn completions."""
+    eps = [(t, t.episode) for t in trajs if t.episode is not None]
+    if not eps:
+        return {}
+    n = len(eps)
+    tokens = sum(len(t.output_ids) for t, _ in eps)
+    stats = {
+        "episode/turns_mean": sum(e.turns for _, e in eps) / n,
+        "episode/tool_calls_mean": sum(e.tool_calls for _, e in eps) / n,
+        "episode/tool_errors_mean": sum(e.tool_errors for _, e in eps) / n,
+        "episode/success_frac": sum(e.success for _, e in eps) / n,
+        "episode/observation_token_frac": sum(len(t.output_ids) - t.n_generated for t, _ in eps) / max(1, tokens),
+        "episode/env_time_frac": sum(e.env_s / e.wall_s if e.wall_s > 0 else 0.0 for _, e in eps) / n,
+        "episode/versions_spanned_mean": sum(len(set(t.generated_versions)) for t, _ in eps) / n,
+    }
+    for reason in EpisodeEnd.CHOICES:
+        stats[f"episode/finish/{reason}"] = sum(t.finish_reason == reason for t, _ in eps) / n
+    return stats
 
 
 class RewardFailureError(RuntimeError):
@@ -91,10 +113,11 @@ class Trainer:
         failures = [f for g in got.groups for f in g.reward_failures]
         if len(failures) > cfg.train_dataset.max_reward_failure_frac * len(trajs):
             raise RewardFailureError(
-                f"the reward function failed on {len(failures)} of {len(trajs)} samples at step {v + 1} "
-                f"(first: {failures[0]}); fix it, or raise train_dataset.max_reward_failure_frac"
+                f"the {'environment' if cfg.train_dataset.env else 'reward function'} failed on {len(failures)} of "
+                f"{len(trajs)} samples at step {v + 1} (first: {failures[0]}); fix it, or raise "
+                f"train_dataset.max_reward_failure_frac"
             )
-        batch_versions = [min(t.output_versions) for t in trajs if t.output_versions]
+        batch_versions = [min(vs) for t in trajs if (vs := t.generated_versions)]
         oldest = min(batch_versions) if batch_versions else v
         if v - oldest > eta:
             raise StalenessError(f"a token of version {oldest} reached training at version {v} (eta={eta})")
@@ -118,7 +141,7 @@ class Trainer:
 
         # 5. Statistics.
         now = ctl.snapshot()
-        gen_tokens = sum(len(t.output_ids) for t in trajs)
+        gen_tokens = sum(t.n_generated for t in trajs)
         step_s = time.perf_counter() - t_step
         stats.update(staleness_stats(batch.versions, v, batch.loss_mask, eta))
         stats.update(self._idle_fractions(self._last, now))
@@ -131,7 +154,7 @@ class Trainer:
             "rollout/reward_failures": float(len(failures)),
             "rollout/filtered_groups": float(got.filtered),
             "rollout/worker_restarts": float(now.worker_restarts),  # over the run so far
-            "rollout/two_version_frac": sum(len(set(t.output_versions)) > 1 for t in trajs) / max(1, len(trajs)),
+            "rollout/two_version_frac": sum(len(set(t.generated_versions)) > 1 for t in trajs) / max(1, len(trajs)),
             # groups admitted for later versions when the update ended: how far rollout ran ahead
             "rollout/groups_ahead": float(max(0, after_train.next_slot - (v + 1) * cfg.train_dataset.batch_size)),
             "rollout/groups_done_while_training": float(after_train.groups_done - before_train.groups_done),
@@ -140,6 +163,7 @@ class Trainer:
             "perf/step_s": step_s,
             "perf/tokens_per_s": gen_tokens / step_s,
         })
+        stats.update(episode_stats(trajs))
         self._last = now
         return stats
 

@@ -90,8 +90,8 @@ class WorkerPool:
         pool = WorkerPool(...); stack.callback(pool.close); pool.start(); pool.wait_ready(timeout)
     """
 
-    def __init__(self, cfg: Config, reward_fn, weights, version: int, threads: int, launcher):
-        self._cfg, self._reward_fn, self._weights, self._threads = cfg, reward_fn, weights, threads
+    def __init__(self, cfg: Config, scoring, weights, version: int, threads: int, launcher):
+        self._cfg, self._scoring, self._weights, self._threads = cfg, scoring, weights, threads
         self._launcher = launcher
         self._messages: queue.Queue = queue.Queue()  # (worker, generation, message) from every reader thread
         self._lock = threading.Lock()  # restart (controller thread) against close (main thread)
@@ -101,7 +101,7 @@ class WorkerPool:
 
     def _new_slot(self, i: int, version: int, gen: int) -> _Slot:
         """A worker that starts from the weights published last (`version`)."""
-        args = (self._cfg, self._reward_fn, self._weights.at_start(), version, self._threads)
+        args = (self._cfg, self._scoring, self._weights.at_start(), version, self._threads)
         return _Slot(self._launcher.worker(i, args), gen)
 
     def _launch(self, i: int, slot: _Slot) -> None:

@@ -27,19 +27,21 @@ from tqdm import tqdm
 from a3po import signals
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.config.choices import Backend, Launcher
-from a3po.data import DataError, RewardProcess, build_reward, load_task
+from a3po.data import DataError, build_reward, load_task
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
+from a3po.envs import build_env
 from a3po.files import DiskFullError, atomic_write_text, causes, no_space, unique_dir, writing
 from a3po.launch import check as check_launcher
 from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
 from a3po.pipeline.cores import CoreLender, lends_cores
-from a3po.pipeline.evaluate import evaluate
+from a3po.pipeline.evaluate import Evaluator
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
 from a3po.pipeline.sinks import Sinks, check_backends
 from a3po.rollout import vllm_engine
+from a3po.rollout.worker import Scoring
 from a3po.signals import Stopped
 from a3po.trainer import parallel, ranks
 from a3po.trainer.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
@@ -155,6 +157,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     check_launcher(cfg)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
+    scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn))
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     world, by_torchrun = ranks.world_size(cfg)
@@ -193,7 +196,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
             f"{f'; Ray actors on {launcher.where}' if launcher.name == 'ray' else ''}")
         step = start_step
         weights = launcher.weights(engine.weights())
-        pool = WorkerPool(cfg, reward_fn, weights, engine.version, per_worker, launcher)
+        pool = WorkerPool(cfg, scoring, weights, engine.version, per_worker, launcher)
         cleanup.callback(pool.close)
         progress.workers = True
         pool.start()
@@ -205,15 +208,15 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id,
                           log=lambda line: tqdm.write(line, file=sys.stderr))  # above the progress bar
         cleanup.callback(trainer.close)
-        eval_reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
-        cleanup.callback(eval_reward.close)
+        evaluate = Evaluator(cfg, scoring)
+        cleanup.callback(evaluate.close)
         sinks = Sinks(run_dir, cfg.logging.tensorboard, cfg.logging.wandb, cfg.logging.wandb_project,
                       to_dict(cfg), resume_step=start_step if resume else None)
         cleanup.callback(sinks.close)
         if not resume:
             say("a3po: evaluating the initial policy on the held-out split ...")
             t0 = time.perf_counter()
-            first = evaluate(engine.full_model, tok, data.eval, eval_reward, cfg)
+            first = evaluate(engine.full_model, tok, data.eval)
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
@@ -228,7 +231,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
             step = progress.step = engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
                 t0 = time.perf_counter()
-                stats.update(evaluate(engine.full_model, tok, data.eval, eval_reward, cfg))
+                stats.update(evaluate(engine.full_model, tok, data.eval))
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()

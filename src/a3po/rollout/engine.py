@@ -6,6 +6,11 @@ top-p applied: the pi_behav that decoupled PPO needs) and the version of the wei
 that sampled it. Weights can change between two decode steps (`update_weights`); the
 tokens sampled after the change carry the new version, so one completion may hold two.
 
+A request may name a `session` (a multi-turn episode): the engine then keeps what it computed
+for the sequence after it finishes, so that the episode's next turn, whose prompt extends
+this sequence, computes only its new tokens (unless new weights arrived and
+rollout.weight_update says to recompute); `release` drops it when the episode ends.
+
 A new backend (vLLM, an HTTP server) is one new file implementing `RolloutEngine`.
 """
 
@@ -30,6 +35,7 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()  # in addition to the engine's end-of-sequence ids
     stop: tuple[str, ...] = ()  # stop strings, matched on the decoded output
     seed: int | None = None  # fixes this request's samples whatever else runs beside it
+    session: Hashable | None = None  # an episode's id: its KV cache is kept after it finishes, for its next turn
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Completion:
     output_logprobs: list[float] = field(default_factory=list)
     output_versions: list[int] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" or "length"
+    prefilled: int = 0  # prompt tokens computed when it started (the rest came from a kept KV cache)
 
 
 class RolloutEngine(Protocol):
@@ -53,6 +60,9 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         """Load new weights; sequences in flight continue on them, tagged with `version`."""
+
+    def release(self, session: Hashable) -> None:
+        """Drop the KV cache kept for `session` (its episode is over)."""
 
     @property
     def num_pending(self) -> int:

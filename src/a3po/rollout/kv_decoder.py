@@ -145,6 +145,37 @@ class KVDecoder:
         self.length[:B] += 1
         return self._logits(x)
 
+    def park(self, row: int) -> tuple[list[Tensor], list[Tensor]]:
+        """A copy of what row `row` has cached (keys and values per layer), to continue it later in any row."""
+        n = int(self.length[row])
+        return [k[row, :, :n].clone() for k in self.keys], [v[row, :, :n].clone() for v in self.values]
+
+    @torch.no_grad()
+    def extend(self, row: int, kept: tuple[list[Tensor], list[Tensor]], new: list[int]) -> Tensor:
+        """Put a parked cache (of c tokens) into row `row` and run the tokens `new` after it: the next-token
+        logits (V,). Costs the new tokens only, not the c before them."""
+        keys, values = kept
+        c, m = keys[0].shape[1], len(new)
+        L = c + m
+        self._reserve(L)
+        for cache, part in zip((*self.keys, *self.values), (*keys, *values)):
+            cache[row, :, :c] = part
+        cos, sin = self.cos[c:L], self.sin[c:L]
+        allowed = torch.ones(m, L, dtype=torch.bool, device=self.device).tril(diagonal=c)  # token c+j sees 0..c+j
+        x = self.body.embed_tokens(torch.tensor([new], dtype=torch.long, device=self.device))  # (1, m, hidden)
+        for i, layer in enumerate(self.body.layers):
+            q, k, v = self._qkv(i, _norm(layer.input_layernorm, x))  # (1, m, heads or kv heads, d)
+            q, k, v = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+            self.keys[i][row, :, c:L] = k[0]
+            self.values[i][row, :, c:L] = v[0]
+            o = F.scaled_dot_product_attention(q, self.keys[i][row:row + 1, :, :L], self.values[i][row:row + 1, :, :L],
+                                               attn_mask=allowed, scale=layer.self_attn.scaling,
+                                               enable_gqa=self.kv_heads != self.heads)  # (1, heads, m, d)
+            x = x + self.out[i](o.transpose(1, 2).reshape(1, m, -1))
+            x = x + self._mlp(i, layer, x)
+        self.length[row] = L
+        return self._logits(x[0, -1:])[0]
+
     def keep(self, rows: list[int]) -> list[int]:
         """Keep only `rows` (ascending), as rows 0..len(rows)-1: the old row each new row holds.
         A kept row already below len(rows) stays where it is; the others fill the gaps."""

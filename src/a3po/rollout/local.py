@@ -25,12 +25,19 @@ sequences in flight is `reprefill_on_update` (config `rollout.weight_update`):
     that computed its logits; only the prefix's influence is of older weights. The token
     drawn right after the update comes from logits the old weights computed and so
     carries the old version.
+
+Multi-turn episodes (a request with a `session`): when such a sequence finishes, its row's
+KV cache is copied aside; the session's next request, whose prompt extends the sequence,
+takes it back and computes only the new tokens (an observation, the previous turn's last
+token). New weights since then: under "reprefill" the kept caches are dropped and the next
+turn is prefilled whole on the new weights, under "keep_kv" they are used as for sequences
+in flight. Only the a3po forward keeps caches; the Hugging Face one prefills every turn.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +56,7 @@ class _Running:
     completion: Completion
     generator: torch.Generator
     stop_ids: frozenset = field(default_factory=frozenset)
+    kept: tuple | None = None  # the session's parked cache, for the prompt's first len(kept tokens) tokens
 
     @property
     def tokens(self) -> list[int]:
@@ -93,6 +101,8 @@ class LocalEngine:
         self._running: list[_Running] = []  # row i of the forward's cache is _running[i]
         self._logits: Tensor | None = None  # (B, V) logits for each row's next token
         self._logits_version: Tensor | None = None  # (B,) version of the weights that computed them
+        self._kept: OrderedDict[Hashable, tuple[tuple, list[int]]] = OrderedDict()  # session -> (cache, its tokens)
+        self.max_kept = 2 * max_batch  # the oldest kept cache is dropped past this many (its turn then prefills)
 
     # -- interface ------------------------------------------------------------------------
 
@@ -102,6 +112,9 @@ class LocalEngine:
 
     def close(self) -> None:
         """Nothing outlives the process."""
+
+    def release(self, session: Hashable) -> None:
+        self._kept.pop(session, None)
 
     def submit(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
@@ -118,6 +131,8 @@ class LocalEngine:
             own[name].copy_(value)
         self.forward.weights_changed()
         self.version = version
+        if self.reprefill_on_update:
+            self._kept.clear()  # computed by older weights: the next turns are prefilled on these
         if self._running and self.reprefill_on_update:
             self._logits = self.forward.prefill(0, [r.tokens for r in self._running])
             self._logits_version.fill_(version)
@@ -137,12 +152,14 @@ class LocalEngine:
             c.output_versions.append(ver)
             if tok in r.stop_ids or self._hit_stop_string(r):
                 c.finish_reason = "stop"
-                finished.append(c)
             elif len(c.output_ids) >= r.request.max_new_tokens:
                 c.finish_reason = "length"
-                finished.append(c)
             else:
                 keep.append(i)
+                continue
+            finished.append(c)
+            if r.request.session is not None and hasattr(self.forward, "park"):
+                self._park(i, r)
         if finished:
             order = self.forward.keep(keep)
             self._running = [self._running[i] for i in order]
@@ -157,6 +174,14 @@ class LocalEngine:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _park(self, row: int, r: _Running) -> None:
+        session = r.request.session
+        self._kept.pop(session, None)
+        cache = self.forward.park(row)
+        self._kept[session] = (cache, r.tokens[:cache[0][0].shape[1]])
+        while len(self._kept) > self.max_kept:
+            self._kept.popitem(last=False)
+
     def _admit(self) -> None:
         new = []
         while self._waiting and len(self._running) + len(new) < self.max_batch:
@@ -165,10 +190,27 @@ class LocalEngine:
             self._n_seen += 1
             gen = torch.Generator().manual_seed(seed)
             stop_ids = self.eos | frozenset(req.stop_token_ids)
-            new.append(_Running(req, Completion(req.rid, list(req.prompt_ids)), gen, stop_ids))
+            run = _Running(req, Completion(req.rid, list(req.prompt_ids)), gen, stop_ids)
+            kept = self._kept.pop(req.session, None) if req.session is not None else None
+            if kept is not None and len(kept[1]) < len(req.prompt_ids) and req.prompt_ids[:len(kept[1])] == kept[1]:
+                run.kept = kept
+            new.append(run)
         if not new:
             return
-        logits = self.forward.prefill(len(self._running), [r.tokens for r in new])
+        new.sort(key=lambda r: r.kept is not None)  # rows: fresh prompts prefilled together, then continued sessions
+        fresh = [r for r in new if r.kept is None]
+        parts = []
+        start = len(self._running)
+        if fresh:
+            parts.append(self.forward.prefill(start, [r.tokens for r in fresh]))
+            for r in fresh:
+                r.completion.prefilled = len(r.request.prompt_ids)
+        for row, r in enumerate(new[len(fresh):], start + len(fresh)):
+            cache, tokens = r.kept
+            r.kept = None
+            parts.append(self.forward.extend(row, cache, r.request.prompt_ids[len(tokens):])[None])
+            r.completion.prefilled = len(r.request.prompt_ids) - len(tokens)
+        logits = torch.cat(parts)
         versions = torch.full((len(new),), self.version, dtype=torch.long)
         if self._running:
             logits = torch.cat([self._logits, logits])

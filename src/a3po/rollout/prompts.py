@@ -1,11 +1,64 @@
-"""Dataset example -> prompt token ids, through the model's own chat template."""
+"""Dataset examples and environment observations -> token ids, through the model's own chat template.
+
+An episode's context is token ids that only ever grow: the model's tokens are appended as
+it generated them, and an observation is appended as the ids of the chat template's text
+between the model's message and the next one (`ChatTurns.observation`), never by
+rendering the whole conversation again, which would re-tokenise the model's turns and, with
+templates that rewrite earlier messages, change them.
+"""
 
 from __future__ import annotations
 
+from functools import cache
+
 from a3po.data import Example, build_messages
+
+_MODEL, _OBSERVATION = "\x00a3po-model-turn\x00", "\x00a3po-observation\x00"
+
+
+class TemplateError(ValueError):
+    """The chat template cannot extend a conversation by appending (one line, for the user)."""
 
 
 def encode_prompt(tokenizer, example: Example, system_prompt: str | None) -> list[int]:
-    text = tokenizer.apply_chat_template(build_messages(example, system_prompt), add_generation_prompt=True,
-                                         tokenize=False)
+    return encode_messages(tokenizer, build_messages(example, system_prompt))
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+class ChatTurns:
+    """The ids to append after a model turn for an observation, from the template's own text."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        eos = tokenizer.eos_token_id
+        self.eos_text = tokenizer.decode([eos]) if eos is not None else None
+
+    def observation(self, text: str, role: str, inline: bool, ended_by_eos: bool) -> list[int]:
+        """`text` after a model turn: appended as it is (`inline`), or as a new `role` message after the
+        closing of the model's message, the part of the closing the model did not generate itself."""
+        if inline:
+            return self.tok.encode(text, add_special_tokens=False)
+        closing, before, after = self._delta(role)
+        if ended_by_eos and self.eos_text and closing.startswith(self.eos_text):
+            closing = closing[len(self.eos_text):]
+        return self.tok.encode(closing + before + text + after, add_special_tokens=False)
+
+    @cache  # noqa: B019 - one per tokenizer and role; the object lives as long as its worker
+    def _delta(self, role: str) -> tuple[str, str, str]:
+        """(what closes the model's message, the template before an observation, after it: up to the next
+        model message)."""
+        convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MODEL}]
+        base = self.tok.apply_chat_template(convo, tokenize=False)
+        full = self.tok.apply_chat_template([*convo, {"role": role, "content": _OBSERVATION}],
+                                            add_generation_prompt=True, tokenize=False)
+        if not full.startswith(base) or _MODEL not in base or _OBSERVATION not in full:
+            raise TemplateError(f"the chat template renders earlier messages differently once a {role!r} message "
+                                f"follows, so an episode's context cannot grow by appending: use a model whose "
+                                f"template appends, or return inline observations")
+        closing = base[base.index(_MODEL) + len(_MODEL):]
+        before, _, after = full[len(base):].partition(_OBSERVATION)
+        return closing, before, after

@@ -6,6 +6,10 @@ threads in one process fight over the GIL in the decode loop). A worker's inbox 
 so weights published for version v are loaded before any prompt admitted at version v
 is started: a token never carries a version older than the one its group was admitted at.
 
+A group is `gconfig.n_samples` completions of one prompt scored by the reward function, or,
+with an environment (train_dataset.env), as many multi-turn episodes of one example
+(rollout/episodes.py), whose environment steps run in a child process of the worker.
+
 Messages in:  Work (one prompt group), LoadWeights (version), Stop.
 Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, Heartbeat, WorkerFailed.
 
@@ -32,12 +36,23 @@ from a3po import child
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
 from a3po.config.choices import Backend, WeightUpdate
-from a3po.data import Example, RewardProcess
+from a3po.data import CallProcess, Example, RewardFn, RewardProcess
+from a3po.envs import EnvSpec
+from a3po.envs.host import EnvHost
 from a3po.rollout.engine import Completion, GenerationRequest
+from a3po.rollout.episodes import Episode, EpisodeRunner, Turns
 from a3po.rollout.prompts import encode_prompt
 from a3po.trajectories import Trajectory
 
 HEARTBEAT_S = 0.5  # the longest the main loop stays silent, unless one decode step takes longer
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a worker's groups are scored: completions by a reward function, or episodes in an environment."""
+
+    reward_fn: RewardFn
+    env: EnvSpec | None = None
 
 
 @dataclass
@@ -114,7 +129,7 @@ def request_seed(seed: int, slot: int, sample: int) -> int:
 
 
 class _Worker:
-    def __init__(self, worker_id: int, cfg: Config, reward_fn, weights, version: int, outbox):
+    def __init__(self, worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, outbox):
         import transformers
 
         from a3po.devices import resolve_device, resolve_dtype, torch_dtype
@@ -152,8 +167,13 @@ class _Worker:
                 reprefill_on_update=reprefill,
             )
             self.engine.update_weights(weights, version)
-        self.reward = RewardProcess(reward_fn, cfg.train_dataset.reward_timeout_s)
-        self.groups: dict[int, tuple[Work, list[Completion]]] = {}
+        self.reward = RewardProcess(scoring.reward_fn, cfg.train_dataset.reward_timeout_s)
+        self.episodes = None
+        if scoring.env is not None:
+            env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s)
+            env.what = "environment"
+            self.episodes = EpisodeRunner(self.engine, self.tok, scoring.env, Turns.from_config(cfg, scoring.env), env)
+        self.groups: dict[int, tuple[Work, list]] = {}  # slot -> its completions or ended episodes so far
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
         self.t_ready = time.perf_counter()
         self.idle_s = 0.0
@@ -163,6 +183,11 @@ class _Worker:
 
     def start(self, work: Work) -> None:
         g = self.cfg.gconfig
+        if self.episodes is not None:
+            for i in range(g.n_samples):
+                self.episodes.start((work.slot, i), work.example, request_seed(self.cfg.seed, work.slot, i))
+            self.groups[work.slot] = (work, [])
+            return
         ids = encode_prompt(self.tok, work.example, self.cfg.train_dataset.system_prompt)
         for i in range(g.n_samples):
             self.engine.submit(GenerationRequest(
@@ -171,7 +196,18 @@ class _Worker:
             ))
         self.groups[work.slot] = (work, [])
 
+    @property
+    def idle_wait(self) -> float:
+        """How long to wait for a message with nothing to generate: briefly while rewards are scored, very briefly
+        while episodes wait for their environment (its answer starts the next turn), else a heartbeat."""
+        if self.episodes is not None and self.episodes.busy:
+            return 0.002
+        return 0.02 if self.reward.pending else HEARTBEAT_S
+
     def finish(self, c: Completion) -> None:
+        if self.episodes is not None:
+            self.episodes.finished_turn(c)
+            return
         slot, _ = c.rid
         work, done = self.groups[slot]
         done.append(c)
@@ -184,7 +220,10 @@ class _Worker:
             self.reward.submit(comp.rid, self.tok.decode(comp.output_ids, skip_special_tokens=True), work.example)
 
     def scored(self) -> None:
-        """Send every group whose rewards have all arrived."""
+        """Send every group whose rewards have all arrived (whose episodes have all ended)."""
+        if self.episodes is not None:
+            self.ended(self.episodes.poll())
+            return
         for (slot, i), reward, failure in self.reward.poll():
             work, done, rewards = self.scoring[slot]
             rewards[i] = (reward, failure)
@@ -195,6 +234,18 @@ class _Worker:
                                 reward=rewards[c.rid[1]][0], finish_reason=c.finish_reason) for c in done]
             failures = [f for _, f in (rewards[c.rid[1]] for c in done) if f]
             self.outbox.put(GroupDone(self.id, slot, trajs, failures, **self.clock()))
+
+    def ended(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            slot, _ = ep.eid
+            work, done = self.groups[slot]
+            done.append(ep)
+            if len(done) < self.cfg.gconfig.n_samples:
+                continue
+            del self.groups[slot]
+            done.sort(key=lambda e: e.eid[1])
+            failures = [e.failure for e in done if e.failure]
+            self.outbox.put(GroupDone(self.id, slot, [e.trajectory() for e in done], failures, **self.clock()))
 
     def handle(self, msg) -> bool:
         """Apply one control message; False means stop."""
@@ -218,16 +269,17 @@ def newest_weights_first(msgs: list) -> list:
     return [loads[-1], *(m for m in msgs if not isinstance(m, LoadWeights))]
 
 
-def worker_main(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, conn) -> None:
+def worker_main(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, threads: int, inbox,
+                conn) -> None:
     """Entry point of a spawned rollout worker; `conn` is the write end of its own pipe to the trainer."""
     child.take_signals()
     child.name_process(f"a3po-rollout-{worker_id}")
     child.exit_when_orphaned()  # within ORPHAN_POLL_S, and at once through the parent's pipe
-    if serve(worker_id, cfg, reward_fn, weights, version, threads, inbox, conn):
+    if serve(worker_id, cfg, scoring, weights, version, threads, inbox, conn):
         _exit_now()
 
 
-def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads: int, inbox, conn) -> bool:
+def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, threads: int, inbox, conn) -> bool:
     """A worker's life after its process is set up: load, report Ready, then generate and answer until Stop
     (True) or a failure, reported to the trainer through `conn.send` (False). `inbox` is read like a queue.Queue."""
     keep_freed_memory()
@@ -235,15 +287,15 @@ def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads
     w = None
     outbox = Outbox(conn)
     try:
-        w = _Worker(worker_id, cfg, reward_fn, weights, version, outbox)
+        w = _Worker(worker_id, cfg, scoring, weights, version, outbox)
         outbox.put(Ready(worker_id, version))
         running = True
         while running:
             idle = w.engine.num_pending == 0
             msgs = []
             t0 = time.perf_counter()
-            try:  # with nothing to generate, wait for messages (briefly while rewards are being scored)
-                wait = (0.02 if w.reward.pending else HEARTBEAT_S) if idle else 0.0
+            try:  # with nothing to generate, wait for messages (briefly while rewards or environments compute)
+                wait = w.idle_wait if idle else 0.0
                 msgs.append(inbox.get(timeout=wait) if wait else inbox.get_nowait())
                 while True:
                     msgs.append(inbox.get_nowait())
@@ -264,6 +316,8 @@ def serve(worker_id: int, cfg: Config, reward_fn, weights, version: int, threads
     finally:
         if w is not None:
             w.reward.close()  # its reward process reads end of file and exits
+            if w.episodes is not None:
+                w.episodes.env.close()
             w.engine.close()
     return True
 

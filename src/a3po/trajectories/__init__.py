@@ -1,5 +1,5 @@
 """Trajectories: what rollout hands to training, and how they become padded batches."""
 
-from a3po.trajectories.batch import TrainBatch, Trajectory, collate
+from a3po.trajectories.batch import EpisodeInfo, TrainBatch, Trajectory, collate
 
-__all__ = ["TrainBatch", "Trajectory", "collate"]
+__all__ = ["EpisodeInfo", "TrainBatch", "Trajectory", "collate"]

@@ -2,7 +2,9 @@
 
 Every per-token field is indexed by the token it describes: position i holds token i,
 its behaviour log-prob log pi_behav(token_i | tokens_<i), the version of the weights
-that sampled it (-1 for prompt tokens), and whether the loss counts it. The trainer's
+that sampled it (-1 for prompt tokens), and whether the loss counts it. An episode of
+several turns is one trajectory: its output interleaves the model's turns with the
+environment's observations, which, like the prompt, carry log-prob 0, version -1 and mask 0. The trainer's
 own log-probs are placed on the same positions, so nothing is ever shifted relative to
 anything else (docs/design.md §2: versions stay aligned with log-probs).
 """
@@ -16,23 +18,49 @@ from torch import Tensor
 
 
 @dataclass
+class EpisodeInfo:
+    """What a multi-turn episode did, for its metrics."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    success: bool = False  # its undiscounted reward reached 1
+    env_s: float = 0.0  # time its environment calls took, waiting included ...
+    wall_s: float = 0.0  # ... of its whole life in the worker
+
+
+@dataclass
 class Trajectory:
-    """One completion of one prompt, as the rollout engine produced it."""
+    """One completion of one prompt (or one episode of several turns), as the rollout worker produced it."""
 
     prompt_ids: list[int]
     output_ids: list[int]
-    output_logprobs: list[float]  # behaviour log-probs of output_ids
-    output_versions: list[int]  # version of the weights that sampled each output token
+    output_logprobs: list[float]  # behaviour log-probs of output_ids (0 on observation tokens)
+    output_versions: list[int]  # version of the weights that sampled each output token (-1 on observation tokens)
     reward: float = 0.0
-    finish_reason: str = "stop"  # "stop" (end-of-sequence or stop string) or "length"
+    finish_reason: str = "stop"  # "stop" (end-of-sequence or stop string), "length"; episodes: see rollout/episodes.py
+    output_mask: list[bool] | None = None  # which output tokens the model generated; None: all of them
+    episode: EpisodeInfo | None = None  # set on multi-turn episodes
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
-        if len(self.output_logprobs) != n or len(self.output_versions) != n:
+        mask = self.output_mask
+        if len(self.output_logprobs) != n or len(self.output_versions) != n or (mask is not None and len(mask) != n):
             raise ValueError(
                 f"trajectory fields out of step: {n} output tokens, {len(self.output_logprobs)} log-probs, "
-                f"{len(self.output_versions)} versions"
+                f"{len(self.output_versions)} versions" + (f", {len(mask)} mask entries" if mask is not None else "")
             )
+
+    @property
+    def generated_versions(self) -> list[int]:
+        """The versions of the tokens the model generated."""
+        if self.output_mask is None:
+            return self.output_versions
+        return [v for v, m in zip(self.output_versions, self.output_mask) if m]
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.output_ids) if self.output_mask is None else sum(self.output_mask)
 
 
 @dataclass
@@ -89,9 +117,11 @@ def collate(trajs: list[Trajectory], advantages: Tensor | None = None, pad_id: i
         p, n = len(t.prompt_ids), len(t.output_ids)
         input_ids[i, : p + n] = torch.tensor(t.prompt_ids + t.output_ids, dtype=torch.long)
         attention_mask[i, : p + n] = True
-        loss_mask[i, p : p + n] = True
+        loss_mask[i, p : p + n] = True if t.output_mask is None else torch.tensor(t.output_mask, dtype=torch.bool)
         logp[i, p : p + n] = torch.tensor(t.output_logprobs, dtype=torch.float32)
         versions[i, p : p + n] = torch.tensor(t.output_versions, dtype=torch.long)
+    versions.masked_fill_(~loss_mask, -1)  # observation tokens: never generated, whatever the record says
+    logp.masked_fill_(~loss_mask, 0.0)
     batch = TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -1,0 +1,41 @@
+"""`calculator`: the dataset's question with a calculator tool the model may call inside its answer.
+
+The model writes <calc>expression</calc>; generation stops at the closing tag and the tool
+appends <result>value</result> to the model's own message (an inline observation), after
+which the model continues. A turn without a call is its final answer, scored by the run's
+reward. The expression is parsed by envs/arith.py (numbers and + - * /), never evaluated as
+code; a bad one gets <result>error: why</result>.
+"""
+
+from __future__ import annotations
+
+import re
+
+from a3po.envs.arith import ArithError, evaluate, format_number
+from a3po.envs.base import Step
+
+OPEN, CLOSE = "<calc>", "</calc>"
+INSTRUCTIONS = ("You can use a calculator. Write <calc>expression</calc>, for example <calc>12 + 34</calc>, "
+                "and the result will follow as <result>value</result>. Then give the final answer as a number.")
+_CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
+
+
+class CalculatorEnv:
+    discount = 1.0
+    stop = (CLOSE,)
+
+    def __init__(self, example, reward_fn):
+        self.example, self.reward_fn = example, reward_fn
+
+    def reset(self) -> list[dict]:
+        return [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": self.example.question}]
+
+    def step(self, action: str) -> Step:
+        calls = _CALL.findall(action)
+        if calls and action.rstrip().endswith(CLOSE):
+            try:
+                result, error = format_number(evaluate(calls[-1])), False
+            except ArithError as e:
+                result, error = f"error: {e}", True
+            return Step(f"<result>{result}</result>", inline=True, tool_call=True, tool_error=error)
+        return Step(reward=self.reward_fn(action, self.example), done=True)

@@ -1,0 +1,202 @@
+"""Multi-turn episodes as state machines beside the engine: model turn, environment step, model turn, ...
+
+    runner = EpisodeRunner(engine, tokenizer, spec, Turns.from_config(cfg), CallProcess(EnvHost(...), timeout))
+    runner.start(eid, example, seed)
+    while runner.busy:            # the caller steps the engine and hands finished turns back
+        for c in engine.step():
+            runner.finished_turn(c)
+        for episode in runner.poll():
+            ...                   # episode.trajectory()
+
+An episode's context is token ids that only grow (token in, token out): the engine's output
+ids are appended verbatim, the environment's observation as the chat template's delta
+(rollout/prompts.py), and each turn's prompt is the whole context, which begins with the
+previous turn's exactly (asserted). Observation tokens carry log-prob 0, version -1 and
+mask 0, like prompt tokens. Each turn is a request under the episode's session, so the
+engine keeps its KV cache between turns.
+
+Environment calls run in a child process (data/scoring.py) with a deadline: an environment
+that raises, hangs or returns the wrong type fails its own episode (finish reason
+`env_error`, the reason kept for the failure count) and no other. An episode ends when the
+environment says done, after `max_turns` model turns, or when the next observation would
+not fit the context budget (its reward is then what the environment gave so far).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from a3po.config.choices import EpisodeEnd
+from a3po.data import CallProcess, Example
+from a3po.envs import EnvSpec
+from a3po.envs.host import CLOSE, RESET, STEP
+from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
+from a3po.rollout.prompts import ChatTurns, encode_messages, encode_prompt
+from a3po.trajectories import EpisodeInfo, Trajectory
+
+DONE, MAX_TURNS, CONTEXT, ENV_ERROR = EpisodeEnd.DONE, EpisodeEnd.MAX_TURNS, EpisodeEnd.CONTEXT, EpisodeEnd.ENV_ERROR
+
+
+@dataclass(frozen=True)
+class Turns:
+    """How turns are sampled and bounded (from gconfig and train_dataset)."""
+
+    max_turns: int
+    max_new_tokens: int  # per turn
+    max_context: int  # prompt + every turn + every observation
+    stop: tuple[str, ...] = ()
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    system_prompt: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg, spec: EnvSpec) -> Turns:
+        g, d = cfg.gconfig, cfg.train_dataset
+        return cls(d.max_turns, g.max_new_tokens, d.max_context_tokens, (*g.stop, *spec.stop), g.temperature,
+                   g.top_p, g.top_k, d.system_prompt)
+
+
+@dataclass
+class Episode:
+    eid: Hashable
+    example: Example
+    seed: int
+    greedy: bool
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # everything after the prompt: turns and observations
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)  # each turn's text, as the environment saw it
+    reward: float = 0.0  # discounted by turn
+    raw_reward: float = 0.0  # undiscounted
+    tool_calls: int = 0
+    tool_errors: int = 0
+    last_ended_by_eos: bool = False
+    finish_reason: str | None = None
+    failure: str | None = None
+    env_s: float = 0.0
+    sent_at: float = 0.0
+    started_at: float = field(default_factory=time.perf_counter)
+    ended_at: float = 0.0
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.ids
+
+    def trajectory(self) -> Trajectory:
+        info = EpisodeInfo(turns=len(self.actions), tool_calls=self.tool_calls, tool_errors=self.tool_errors,
+                           success=self.raw_reward >= 1.0 - 1e-6, env_s=self.env_s,
+                           wall_s=self.ended_at - self.started_at)
+        return Trajectory(self.prompt_ids, self.ids, self.logprobs, self.versions, reward=self.reward,
+                          finish_reason=self.finish_reason or ENV_ERROR, output_mask=self.mask, episode=info)
+
+
+class EpisodeRunner:
+    def __init__(self, engine: RolloutEngine, tokenizer, spec: EnvSpec, turns: Turns, env: CallProcess):
+        self.engine, self.tok, self.spec, self.turns, self.env = engine, tokenizer, spec, turns, env
+        self.chat = ChatTurns(tokenizer)
+        self.eos = tokenizer.eos_token_id
+        self.running: dict[Hashable, Episode] = {}
+        self._done: list[Episode] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
+        ep = Episode(eid, example, seed, greedy)
+        self.running[eid] = ep
+        self._call(ep, RESET, eid, example)
+
+    def finished_turn(self, c: Completion) -> None:
+        """A model turn the engine finished (its rid is the episode's id): the environment answers it next."""
+        ep = self.running[c.rid]
+        assert c.prompt_ids == ep.context, "a turn's prompt must be the episode's context"
+        ep.ids += c.output_ids
+        ep.logprobs += c.output_logprobs
+        ep.versions += c.output_versions
+        ep.mask += [True] * len(c.output_ids)
+        ep.last_ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.eos
+        ep.actions.append(self.tok.decode(c.output_ids, skip_special_tokens=True))
+        self._call(ep, STEP, ep.eid, ep.example, tuple(ep.actions))
+
+    def poll(self, block_s: float = 0.0) -> list[Episode]:
+        """Apply the environment's answers that arrived (waiting up to block_s for one); the episodes that ended."""
+        for key, value, failure in self.env.wait(block_s) if block_s else self.env.poll():
+            ep = self.running.get(key)
+            if ep is None:  # the answer to a close
+                continue
+            ep.env_s += time.perf_counter() - ep.sent_at
+            if failure is not None:
+                which = "reset" if not ep.prompt_ids else f"step {len(ep.actions)}"
+                self._end(ep, ENV_ERROR, f"environment {self.spec.name} {which}: {failure}")
+            elif not ep.prompt_ids:
+                self._begin(ep, value)
+            else:
+                self._stepped(ep, value)
+        done, self._done = self._done, []
+        return done
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def _begin(self, ep: Episode, prompt) -> None:
+        messages = prompt if isinstance(prompt, list) else [
+            *([{"role": "system", "content": self.turns.system_prompt}] if self.turns.system_prompt else []),
+            {"role": "user", "content": prompt}]
+        ep.prompt_ids = encode_messages(self.tok, messages)
+        if len(ep.prompt_ids) >= self.turns.max_context:
+            self._end(ep, ENV_ERROR, f"environment {self.spec.name}: the first prompt has {len(ep.prompt_ids)} tokens, "
+                                     f"not fewer than train_dataset.max_context_tokens={self.turns.max_context}")
+            return
+        self._turn(ep)
+
+    def _stepped(self, ep: Episode, step) -> None:
+        k = len(ep.actions)
+        ep.reward += step.reward * self.spec.discount ** (k - 1)
+        ep.raw_reward += step.reward
+        ep.tool_calls += step.tool_call
+        ep.tool_errors += step.tool_error
+        if step.done:
+            self._end(ep, DONE)
+            return
+        if k >= self.turns.max_turns:
+            self._end(ep, MAX_TURNS)
+            return
+        obs = self.chat.observation(step.observation, step.role, step.inline, ep.last_ended_by_eos)
+        if len(ep.context) + len(obs) >= self.turns.max_context:
+            self._end(ep, CONTEXT)
+            return
+        ep.ids += obs
+        ep.logprobs += [0.0] * len(obs)
+        ep.versions += [-1] * len(obs)
+        ep.mask += [False] * len(obs)
+        self._turn(ep)
+
+    def _turn(self, ep: Episode) -> None:
+        t = self.turns
+        context = ep.context
+        self.engine.submit(GenerationRequest(
+            context, min(t.max_new_tokens, t.max_context - len(context)), rid=ep.eid, temperature=t.temperature,
+            top_p=t.top_p, top_k=t.top_k, greedy=ep.greedy, stop=t.stop, seed=ep.seed * 64 + len(ep.actions),
+            session=ep.eid,
+        ))
+
+    def _end(self, ep: Episode, reason: str, failure: str | None = None) -> None:
+        ep.finish_reason, ep.failure, ep.ended_at = reason, failure, time.perf_counter()
+        if failure is not None:
+            ep.reward = ep.raw_reward = 0.0
+            if not ep.prompt_ids:  # no prompt from the environment: the question stands in, so the row has tokens
+                ep.prompt_ids = encode_prompt(self.tok, ep.example, self.turns.system_prompt)
+        del self.running[ep.eid]
+        self.engine.release(ep.eid)
+        if reason != DONE:
+            self.env.submit(("close", ep.eid), CLOSE, ep.eid)
+        self._done.append(ep)
+
+    def _call(self, ep: Episode, *args) -> None:
+        ep.sent_at = time.perf_counter()
+        self.env.submit(ep.eid, *args)
