@@ -100,9 +100,10 @@ def children_of(pid: int) -> list[int]:
 
 
 def rollout_workers(run: Run) -> list[int]:
+    """The run's rollout worker processes (named a3po-rollout-<i>; trainer ranks are spawned the same way)."""
     def is_worker(pid):
         try:
-            return b"spawn_main" in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            return (Path("/proc") / str(pid) / "comm").read_text().startswith("a3po-rollout")
         except OSError:
             return False
 

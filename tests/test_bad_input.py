@@ -56,6 +56,11 @@ def write_inputs(d: Path) -> None:
     (d / "rw_value.py").write_text("score = 3\n")
     (d / "rw_arity.py").write_text("def score(completion):\n    return 1.0\n")
     (d / "rw_raises.py").write_text("raise RuntimeError('configure me first')\n")
+    (d / "env_nostep.py").write_text("class Env:\n    def __init__(self, example):\n        pass\n\n"
+                                     "    def reset(self):\n        return 'hi'\n")
+    (d / "env_badstop.py").write_text("class Env:\n    stop = '</calc>'\n\n    def __init__(self, example):\n"
+                                      "        pass\n\n    def reset(self):\n        return 'hi'\n\n"
+                                      "    def step(self, action):\n        return ('', 1.0, True)\n")
 
 
 def model_without_tokenizer(d: Path, run: Path) -> None:
@@ -131,6 +136,12 @@ CASES = {
     "reward-wrong-signature": Case([*TINY, "train_dataset.reward=rw_arity:score"], "must accept (completion, example)"),
     "reward-import-raises": Case([*TINY, "train_dataset.reward=rw_raises:score"], "configure me first"),
     "reward-unknown-name": Case([*TINY, "train_dataset.reward=exactt"], "did you mean 'exact'"),
+    # environments
+    "env-unknown-name": Case([*TINY, "train_dataset.env=retri"], "did you mean 'retry'"),
+    "env-module-missing": Case([*TINY, "train_dataset.env=no_such_env:Env"], "cannot import"),
+    "env-without-step": Case([*TINY, "train_dataset.env=env_nostep:Env"], "is not an environment class: it needs step"),
+    "env-stop-a-string": Case([*TINY, "train_dataset.env=env_badstop:Env"], "stop attribute must be a tuple"),
+    "env-discount-out-of-range": Case([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount", fast=True),
     # resume folders
     "resume-missing": Case(["--resume", "runs/gone"], "no such directory", fast=True),
     "resume-a-file": Case(["--resume", "runs/tiny/keep.txt"], "is a file, not a run directory", fast=True),

@@ -106,8 +106,9 @@ class _Parser:
         tok = self.take()
         if tok == "(":
             value = self.sum(depth + 1)
-            if self.take() != ")":
+            if self.peek() != ")":
                 raise ArithError("missing ')'")
+            self.take()
             return value
         if tok in "+-*/)":
             raise ArithError(f"unexpected {tok!r}")

@@ -71,6 +71,7 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)  # each turn's text, as the environment saw it
+    prefilled: list[tuple[int, int]] = field(default_factory=list)  # per turn: (prompt tokens, of them computed)
     reward: float = 0.0  # discounted by turn
     raw_reward: float = 0.0  # undiscounted
     tool_calls: int = 0
@@ -122,6 +123,7 @@ class EpisodeRunner:
         ep.mask += [True] * len(c.output_ids)
         ep.last_ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.eos
         ep.actions.append(self.tok.decode(c.output_ids, skip_special_tokens=True))
+        ep.prefilled.append((len(c.prompt_ids), c.prefilled))
         self._call(ep, STEP, ep.eid, ep.example, tuple(ep.actions))
 
     def poll(self, block_s: float = 0.0) -> list[Episode]:

@@ -15,6 +15,11 @@ the local engine. What the trainer needs of it, and how vLLM gives it:
   own reload (a plain `load_weights` breaks on the CPU build, whose linear weights are
   repacked at load). The trainer's state dict names the tied LM head too, so SmolLM2's
   head gets the new weights with the embedding;
+- the KV cache of an episode between turns (a request's `session`): vLLM's prefix cache,
+  salted by the weight version, so a turn reuses the blocks of the previous one only when
+  they were computed by the weights it samples with (under keep_kv too: the sequences in
+  flight keep their older KV, a new request never picks it up); `prefilled` is the prompt
+  less vLLM's cached tokens;
 - `actor.fp32_lm_head`: vLLM's `head_dtype` override computes the logits in fp32 from the
   model-dtype head weight (the local engine keeps an fp32 copy of the weight instead).
 
@@ -66,11 +71,11 @@ class VLLMEngine:
                  fp32_head: bool = False, gpu_memory: float = 0.4):
         vllm = import_vllm()
         self._vllm = vllm
-        # keep_kv keeps the KV cache of older weights for sequences in flight; then no later request may
-        # reuse such blocks as a cached prefix either, so prefix caching is off.
+        # Prefix caching with every prompt salted by the version: blocks of older weights (kept for sequences in
+        # flight under keep_kv) are never a cached prefix of a later request.
         self.engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(
             model=str(model_dir), dtype=dtype, seed=seed, max_num_seqs=max_batch, max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs", disable_log_stats=True, enable_prefix_caching=reprefill_on_update,
+            logprobs_mode="processed_logprobs", disable_log_stats=True, enable_prefix_caching=True,
             hf_overrides={"head_dtype": "float32"} if fp32_head else {},
             # A prompt split across two steps makes vLLM rewind the request's seeded generator, which CPU
             # generators cannot do ("CPU Generator does not use offset"); whole prompts only, then.
@@ -105,7 +110,8 @@ class VLLMEngine:
         rid = str(self._next_id)
         self._next_id += 1
         self._requests[rid] = (request, self.version)
-        self.engine.add_request(rid, {"prompt_token_ids": list(request.prompt_ids)}, params)
+        prompt = {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"v{self.version}"}
+        self.engine.add_request(rid, prompt, params)
 
     def step(self) -> list[Completion]:
         done = []
@@ -121,8 +127,12 @@ class VLLMEngine:
             done.append(Completion(
                 request.rid, list(request.prompt_ids), ids, [o.logprobs[i][t].logprob for i, t in enumerate(ids)],
                 versions, finish_reason="length" if o.finish_reason == "length" else "stop",
+                prefilled=len(request.prompt_ids) - (out.num_cached_tokens or 0),
             ))
         return done
+
+    def release(self, session) -> None:
+        """The prefix cache evicts an ended episode's blocks as it needs room."""
 
     def update_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         from safetensors.torch import save_file
