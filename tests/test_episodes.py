@@ -193,7 +193,7 @@ def test_the_calculator_parses_arithmetic_and_never_evaluates_text():
     from a3po.data.rewards import ExactReward
 
     env = CalculatorEnv(Example("What is 123 + 456?", "579", 0), ExactReward())
-    assert env.reset()[-1]["content"] == "What is 123 + 456?"
+    assert env.reset().endswith("What is 123 + 456?") and "<calc>" in env.reset()
     step = env.step("Let me compute <calc>123 + 456</calc>")
     assert (step.observation, step.inline, step.tool_call, step.tool_error, step.done) == \
            ("<result>579</result>", True, True, False, False)

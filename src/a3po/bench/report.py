@@ -19,6 +19,8 @@ COLUMNS = (
     ("reward_final", "final reward", "{:.3f}"),
     ("eval_initial", "held-out acc, start", "{:.3f}"),
     ("eval_final", "held-out acc, end", "{:.3f}"),
+    ("tool_use_initial", "held-out tool use, start", "{:.3f}"),
+    ("tool_use_final", "held-out tool use, end", "{:.3f}"),
     ("ratio_max", "max ratio", "{:.2f}"),
     ("clipped_tokens_per_step", "clipped tokens/step", "{:.1f}"),
     ("capped_frac", "capped frac", "{:.4f}"),
@@ -32,6 +34,25 @@ def mean_spread(xs: list) -> dict:
         return {"mean": math.nan, "min": math.nan, "max": math.nan, "std": math.nan, "n": 0}
     return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs),
             "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+# two-sided 95 % quantiles of Student's t for 1..10 degrees of freedom
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def held_out_gains(runs: list[dict]) -> dict[str, dict]:
+    """Per arm: the paired held-out gains (end - start) of its seeds, their mean, std and 95 % t-interval."""
+    out = {}
+    for arm, rs in _by_arm(runs).items():
+        xs = [r["eval_final"] - r["eval_initial"] for r in rs
+              if not (math.isnan(r.get("eval_final", math.nan)) or math.isnan(r.get("eval_initial", math.nan)))]
+        if not xs:
+            continue
+        m = statistics.fmean(xs)
+        sd = statistics.stdev(xs) if len(xs) > 1 else math.nan
+        half = T975[min(len(xs) - 1, len(T975)) - 1] * sd / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
+        out[arm] = {"values": xs, "n": len(xs), "mean": m, "std": sd, "interval": (m - half, m + half)}
+    return out
 
 
 def _by_arm(runs: list[dict]) -> dict[str, list[dict]]:
@@ -121,6 +142,23 @@ def markdown(record: dict, bench_dir: Path) -> str:
         cells = [format_cell(row[key], fmt) for key, _, fmt in COLUMNS]
         cells += [f"{row[k]:.2f}x" if row[k] else "-" for k in ("speedup_vs_sync", "speedup_vs_recompute")]
         lines.append(f"| {row['arm']} | " + " | ".join(cells) + " |")
+    gains = held_out_gains(record["runs"])
+    if any(g["n"] > 1 for g in gains.values()):
+        lines += [
+            "",
+            "## Held-out gain over the initial policy",
+            "",
+            "Per seed, accuracy after the last step minus at step 0 (the same held-out set and starting model, so "
+            "the difference is paired); mean, sample std and a 95 % Student-t interval over seeds. An interval that "
+            "contains 0 is no measurable gain.",
+            "",
+            "| arm | seeds | gains | mean | std | 95 % interval |",
+            "|---|---:|---|---:|---:|---|",
+        ]
+        for arm, g in gains.items():
+            lo, hi = g["interval"]
+            lines.append(f"| {arm} | {g['n']} | {', '.join(f'{x:+.3f}' for x in g['values'])} | {g['mean']:+.3f} | "
+                         f"{g['std']:.3f} | [{lo:+.3f}, {hi:+.3f}] |")
     if approx:
         lines += [
             "",

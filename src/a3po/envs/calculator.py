@@ -15,8 +15,10 @@ from a3po.envs.arith import ArithError, evaluate, format_number
 from a3po.envs.base import Step
 
 OPEN, CLOSE = "<calc>", "</calc>"
-INSTRUCTIONS = ("You can use a calculator. Write <calc>expression</calc>, for example <calc>12 + 34</calc>, "
-                "and the result will follow as <result>value</result>. Then give the final answer as a number.")
+# Before the question, in the user's message: the 135M model follows it there about one sample in ten, and never
+# from a system message (docs/results.md).
+INSTRUCTIONS = ("Use the calculator by writing <calc>expression</calc>, e.g. <calc>12 + 34</calc>; its result "
+                "follows as <result>value</result>. Then give the final answer as a number.")
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 
 
@@ -27,8 +29,8 @@ class CalculatorEnv:
     def __init__(self, example, reward_fn):
         self.example, self.reward_fn = example, reward_fn
 
-    def reset(self) -> list[dict]:
-        return [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": self.example.question}]
+    def reset(self) -> str:
+        return f"{INSTRUCTIONS} {self.example.question}"
 
     def step(self, action: str) -> Step:
         calls = _CALL.findall(action)
