@@ -6,7 +6,8 @@ Proves: every engine (local on each forward, generate) ran in both dtypes on the
 the last stdout line have the documented structure; the fp32 engine's log-probs are the
 trainer's own, token for token, when the trainer also computes in fp32 (the bound is far below
 what a one-position misalignment gives on the tiny model, about 1 nat per token); bf16 rounding
-opens a larger gap, and the k3 KL estimate is never negative.
+opens a larger gap, and the k3 KL estimate is never negative; in the multi-turn arm, a turn after
+the first computes only its new tokens when the episode's KV cache is kept, all of them when not.
 Timing is printed, never asserted.
 
     pytest tests/test_bench_rollout.py
@@ -19,7 +20,7 @@ import pytest
 from procs import a3po
 
 TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--group", "2", "--max-new-tokens", "8", "--repeats",
-        "2", "--out", "out", "--update-every", "2"]
+        "2", "--out", "out", "--update-every", "2", "--turns", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,18 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
     assert rec["batch"] == 4 and rec["group"] == 2 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
     assert set(rec["matmul_gflops"]) >= {"float32", "bfloat16"} and min(rec["matmul_gflops"].values()) > 0
     assert rec["machine"]["cpu"] and isinstance(rec["machine"]["avx512_bf16"], bool)
+
+
+@pytest.mark.slow
+def test_bench_rollout_multi_turn_arm_computes_only_new_tokens_with_kept_kv(tiny_run):
+    _, _, rec = tiny_run
+    turns = rec["multi_turn"]["turns"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    assert turns[0]["kept_computed"] == turns[0]["fresh_computed"] == turns[0]["context"]
+    for before, t in zip(turns, turns[1:]):  # fresh: the whole context; kept: last turn's last token + observation
+        assert t["fresh_computed"] == t["context"]
+        assert t["kept_computed"] == t["context"] - before["context"] - 8 + 1
+    assert rec["multi_turn"]["fresh_over_kept"] > 0
 
 
 @pytest.mark.slow

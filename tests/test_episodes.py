@@ -112,14 +112,16 @@ def test_observation_tokens_are_masked_out_and_turns_extend_the_context(tiny, fo
 def test_a_kept_cache_gives_the_logprobs_of_a_fresh_prefill(tiny):
     model, tok = tiny
     first = generate(engine := engine_for(model, tok), [
-        GenerationRequest(tok.encode(f"What is {i} + 4?"), 10, rid=i, seed=i, session=i) for i in range(3)])
-    obs = tok.encode(" wrong, try again.")
-    follow = [GenerationRequest(c.prompt_ids + c.output_ids + obs, 10, rid=i, seed=50 + i, session=i)
+        GenerationRequest(tok.encode(f"What is {10 ** (2 * i)} + 4?"), 10, rid=i, seed=i, session=i)
+        for i in range(3)])  # cached lengths differ: the rows continue together, each from its own length
+    obs = [tok.encode(" wrong, try again." + "!" * (3 * i)) for i in range(3)]  # new tokens differ in number too
+    follow = [GenerationRequest(c.prompt_ids + c.output_ids + obs[i], 10, rid=i, seed=50 + i, session=i)
               for i, c in enumerate(first)]
     kept = generate(engine, follow)
     fresh = generate(engine_for(model, tok), [copy.copy(r) for r in follow])
-    for a, b in zip(kept, fresh):
-        assert a.prefilled == len(obs) + 1 and b.prefilled == len(b.prompt_ids)
+    assert len({len(c.prompt_ids) for c in first}) == 3
+    for a, b, o in zip(kept, fresh, obs):
+        assert a.prefilled == len(o) + 1 and b.prefilled == len(b.prompt_ids)
         assert a.output_ids == b.output_ids
         assert max(abs(x - y) for x, y in zip(a.output_logprobs, b.output_logprobs)) < 1e-4
 

@@ -216,6 +216,8 @@ class RolloutBenchArgs(BenchArgs):
     repeats: int = option(3, ge=1)
     update_every: int = option(6, "decode steps between in-flight weight updates in the rollout.weight_update arms "
                                   "(0: none)", ge=0)
+    turns: int = option(4, "model turns per episode in the multi-turn arm, where an observation follows each turn "
+                           "and the next turn's prompt is the whole context (0: no multi-turn arm)", ge=0)
     threads: int = option(1, "torch threads (one rollout worker's share)", ge=1)
     out: str = option("runs/bench-rollout", "output folder (suffixed -2, -3, ... if taken)")
 

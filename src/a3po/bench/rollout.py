@@ -43,6 +43,14 @@ worker does while the trainer publishes versions, once per `rollout.weight_updat
   - keep_kv:   the KV cache is kept and decoding continues with the new weights.
 The weights loaded are the model's own (so both modes sample the same kind of text and the
 token counts agree); what is measured is what each mode costs a rollout-bound worker.
+
+Multi-turn episodes (`--turns T`, 0 = off): the local engine in the default rollout dtype
+runs `--batch` episodes of T turns; after each turn a fixed observation ("Your answer is
+wrong. Try again.") is appended as the chat template's delta, as a multi-turn run appends
+an environment's answer, and the next turn's prompt is the whole context. Twice, arms
+alternating: with each episode's KV cache kept between turns (the request's session, as the
+worker does) and without (every turn prefilled whole). Per turn: the context length, the
+prompt tokens each arm computed, and its seconds.
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ from a3po.files import unique_dir
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout import Completion, GenerationRequest, generate, vllm_engine
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.prompts import encode_prompt
+from a3po.rollout.prompts import ChatTurns, encode_prompt
 from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
@@ -123,6 +131,49 @@ def updating_sample(model, every: int, reprefill: bool, prompts: list[list[int]]
         if steps % every == 0:
             engine.update_weights(weights, engine.version + 1)
     return sorted(done, key=lambda c: c.rid)
+
+
+FEEDBACK = "Your answer is wrong. Try again."
+
+
+def episode_turns(model, tokenizer, keep: bool, turns: int, prompts: list[list[int]], max_new_tokens: int,
+                  seed: int) -> list[dict]:
+    """`turns` turns of every prompt's episode on one engine, a fixed observation after each; per turn the mean
+    context length, the prompt tokens computed (all of them without `keep`) and the seconds the turn took."""
+    engine = LocalEngine(model, eos_token_ids=[], max_batch=len(prompts), seed=seed)
+    obs = ChatTurns(tokenizer).observation(FEEDBACK, "user", inline=False, ended_by_eos=False)
+    contexts = [list(p) for p in prompts]
+    out = []
+    for k in range(turns):
+        requests = [GenerationRequest(c, max_new_tokens, rid=i, seed=seed * 100_003 + 1000 * k + i,
+                                      session=i if keep else None) for i, c in enumerate(contexts)]
+        t0 = time.perf_counter()
+        done = generate(engine, requests)
+        out.append({"turn": k + 1, "context": statistics.fmean(map(len, contexts)),
+                    "computed": statistics.fmean(c.prefilled for c in done), "s": time.perf_counter() - t0})
+        contexts = [c.prompt_ids + c.output_ids + obs for c in done]
+    return out
+
+
+def multi_turn(model, tokenizer, args: RolloutBenchArgs, prompts: list[list[int]]) -> dict:
+    """Kept against fresh KV per turn, arms alternating over the repeats: the median seconds per turn."""
+    runs: dict[str, list[list[dict]]] = {"kept": [], "fresh": []}
+    episode_turns(model, tokenizer, True, 2, prompts[:2], 2, 0)  # warm-up
+    for rep in range(args.repeats):
+        for arm in runs:
+            runs[arm].append(episode_turns(model, tokenizer, arm == "kept", args.turns, prompts, args.max_new_tokens,
+                                           rep + 1))
+            progress(f"  multi-turn {arm:<5} repeat {rep + 1}/{args.repeats}: "
+                     f"{sum(t['s'] for t in runs[arm][-1]):.2f} s for {args.turns} turns")
+    rows = []
+    for k in range(args.turns):
+        row = {"turn": k + 1, "context": runs["kept"][0][k]["context"]}
+        for arm, reps in runs.items():
+            row[f"{arm}_computed"] = reps[0][k]["computed"]
+            row[f"{arm}_s"] = statistics.median(r[k]["s"] for r in reps)
+        rows.append(row)
+    total = {arm: statistics.median(sum(t["s"] for t in r) for r in reps) for arm, reps in runs.items()}
+    return {"turns": rows, "fresh_over_kept": total["fresh"] / total["kept"]}
 
 
 def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int, seed: int) -> list[Completion]:
@@ -269,6 +320,12 @@ def run(args: RolloutBenchArgs) -> dict:
         arms, vllm_start = samplers(base, tok, args, engines)
         progress(f"  {len(arms)} arms x {args.repeats} repeats")
         secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
+    episodes = None
+    if args.turns and Engine.LOCAL in args.engines:
+        dtype = resolve_dtype(AUTO, CPU)
+        progress(f"  multi-turn arm: {args.batch} episodes x {args.turns} turns, {dtype}")
+        episodes = {"dtype": dtype, **multi_turn(base if dtype == Dtype.FLOAT32 else
+                                                 copy.deepcopy(base).to(torch_dtype(dtype)), tok, args, prompts)}
 
     # only after the last generation: TrainEngine makes the float32 model its own (it turns use_cache off)
     trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
@@ -291,6 +348,7 @@ def run(args: RolloutBenchArgs) -> dict:
                                  if {Dtype.FLOAT32, Dtype.BFLOAT16} <= set(local) else None),
         "update_every": args.update_every,
         "keep_kv_over_reprefill": _ratio(rows, *(f"update:{mode}" for mode in UPDATE_MODES)),
+        "multi_turn": episodes,
     }
     save_report(out, "rollout", record, markdown(record))
     return record
@@ -331,6 +389,18 @@ def markdown(r: dict) -> str:
     if r["keep_kv_over_reprefill"] is not None:
         lines += ["", f"`update:<mode>`: the local engine with new weights every {r['update_every']} decode steps "
                       f"(`rollout.weight_update`); keep_kv / reprefill = **{r['keep_kv_over_reprefill']:.2f}x**."]
+    if r.get("multi_turn"):
+        m = r["multi_turn"]
+        lines += ["", f"### Multi-turn episodes: {r['batch']} episodes x {len(m['turns'])} turns ({m['dtype']})", "",
+                  "Each turn's prompt is the whole context (the previous turns and a fixed observation after each). "
+                  "kept: each episode's KV cache kept between turns (the worker's sessions); fresh: every turn "
+                  "prefilled whole. Computed: prompt tokens the engine ran per episode, mean; seconds: median "
+                  f"over repeats. Fresh / kept over all turns: **{m['fresh_over_kept']:.2f}x**.", "",
+                  "| turn | context tokens | computed, kept | computed, fresh | s, kept | s, fresh |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for t in m["turns"]:
+            lines.append(f"| {t['turn']} | {t['context']:.0f} | {t['kept_computed']:.0f} | {t['fresh_computed']:.0f} "
+                         f"| {t['kept_s']:.2f} | {t['fresh_s']:.2f} |")
     lines += [
         "",
         f"### Behaviour log-probs b against the trainer's θ ({r['trainer_dtype']})",

@@ -151,30 +151,38 @@ class KVDecoder:
         return [k[row, :, :n].clone() for k in self.keys], [v[row, :, :n].clone() for v in self.values]
 
     @torch.no_grad()
-    def extend(self, row: int, kept: tuple[list[Tensor], list[Tensor]], new: list[int]) -> Tensor:
-        """Put a parked cache (of c tokens) into row `row` and run the tokens `new` after it: the next-token
-        logits (V,). Costs the new tokens only, not the c before them."""
-        keys, values = kept
-        c, m = keys[0].shape[1], len(new)
-        L = c + m
+    def extend(self, start: int, kept: list[tuple[list[Tensor], list[Tensor]]], news: list[list[int]]) -> Tensor:
+        """Put parked caches (of c_i tokens each) into rows start.. and run each row's tokens `news[i]` after its
+        cache, all rows in one pass: their next-token logits (n, V). Costs the new tokens only."""
+        n = len(kept)
+        c = torch.tensor([k[0][0].shape[1] for k in kept], device=self.device)  # (n,) cached tokens
+        m = torch.tensor([len(x) for x in news], device=self.device)  # (n,) new tokens
+        M = int(m.max())
+        L = int(c.max()) + M
         self._reserve(L)
-        for cache, part in zip((*self.keys, *self.values), (*keys, *values)):
-            cache[row, :, :c] = part
-        cos, sin = self.cos[c:L], self.sin[c:L]
-        allowed = torch.ones(m, L, dtype=torch.bool, device=self.device).tril(diagonal=c)  # token c+j sees 0..c+j
-        x = self.body.embed_tokens(torch.tensor([new], dtype=torch.long, device=self.device))  # (1, m, hidden)
+        rows = start + torch.arange(n, device=self.device)
+        for r, (keys, values) in enumerate(kept):
+            for cache, part in zip((*self.keys, *self.values), (*keys, *values)):
+                cache[start + r, :, :part.shape[1]] = part
+        ids = torch.zeros(n, M, dtype=torch.long)
+        for r, x in enumerate(news):  # right-padded: a padding token sits past its row's length, never read
+            ids[r, :len(x)] = torch.tensor(x, dtype=torch.long)
+        pos = c[:, None] + torch.arange(M, device=self.device)[None]  # (n, M) each token's position
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (n, 1, M, d)
+        allowed = torch.arange(L, device=self.device)[None, None] <= pos[:, :, None]  # (n, M, L): causal per row
+        x = self.body.embed_tokens(ids.to(self.device))  # (n, M, hidden)
         for i, layer in enumerate(self.body.layers):
-            q, k, v = self._qkv(i, _norm(layer.input_layernorm, x))  # (1, m, heads or kv heads, d)
-            q, k, v = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
-            self.keys[i][row, :, c:L] = k[0]
-            self.values[i][row, :, c:L] = v[0]
-            o = F.scaled_dot_product_attention(q, self.keys[i][row:row + 1, :, :L], self.values[i][row:row + 1, :, :L],
-                                               attn_mask=allowed, scale=layer.self_attn.scaling,
-                                               enable_gqa=self.kv_heads != self.heads)  # (1, heads, m, d)
-            x = x + self.out[i](o.transpose(1, 2).reshape(1, m, -1))
+            q, k, v = self._qkv(i, _norm(layer.input_layernorm, x))  # (n, M, heads or kv heads, d)
+            q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+            self.keys[i][rows[:, None], :, pos] = k.transpose(1, 2)  # indexed as (n, M, kv heads, d)
+            self.values[i][rows[:, None], :, pos] = v
+            o = F.scaled_dot_product_attention(q, self.keys[i][rows, :, :L], self.values[i][rows, :, :L],
+                                               attn_mask=allowed[:, None], scale=layer.self_attn.scaling,
+                                               enable_gqa=self.kv_heads != self.heads)  # (n, heads, M, d)
+            x = x + self.out[i](o.transpose(1, 2).reshape(n, M, -1))
             x = x + self._mlp(i, layer, x)
-        self.length[row] = L
-        return self._logits(x[0, -1:])[0]
+        self.length[rows] = c + m
+        return self._logits(x[torch.arange(n, device=self.device), m - 1])
 
     def keep(self, rows: list[int]) -> list[int]:
         """Keep only `rows` (ascending), as rows 0..len(rows)-1: the old row each new row holds.

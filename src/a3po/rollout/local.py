@@ -205,11 +205,13 @@ class LocalEngine:
             parts.append(self.forward.prefill(start, [r.tokens for r in fresh]))
             for r in fresh:
                 r.completion.prefilled = len(r.request.prompt_ids)
-        for row, r in enumerate(new[len(fresh):], start + len(fresh)):
-            cache, tokens = r.kept
-            r.kept = None
-            parts.append(self.forward.extend(row, cache, r.request.prompt_ids[len(tokens):])[None])
-            r.completion.prefilled = len(r.request.prompt_ids) - len(tokens)
+        resumed = new[len(fresh):]
+        if resumed:
+            parts.append(self.forward.extend(start + len(fresh), [r.kept[0] for r in resumed],
+                                             [r.request.prompt_ids[len(r.kept[1]):] for r in resumed]))
+            for r in resumed:
+                r.completion.prefilled = len(r.request.prompt_ids) - len(r.kept[1])
+                r.kept = None
         logits = torch.cat(parts)
         versions = torch.full((len(new),), self.version, dtype=torch.long)
         if self._running:
