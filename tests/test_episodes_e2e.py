@@ -3,12 +3,14 @@
 Proves: each built-in environment trains (episode metrics and held-out episodes logged, the
 staleness bound held per token); with two workers, two trainer ranks and a worker killed
 mid-episode, the killed worker's groups are redone in their slots and no step is lost or
-done twice; a run with an environment resumes where it stopped.
+done twice; a run with an environment resumes where it stopped; the environment written in
+docs/training.md trains with the command given there.
 """
 
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from procs import TINY, a3po, lines_with, rollout_workers, steps_logged
@@ -63,3 +65,16 @@ def test_a_run_with_an_environment_resumes_where_it_stopped(tmp_path):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]
     assert all("episode/turns_mean" in r for r in rows[1:])
+
+
+def test_the_worked_example_in_the_docs_trains(tmp_path):
+    """docs/training.md's own environment, copied from the page as a user would, trained by its command."""
+    page = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    code = page.split("In `hints.py`", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "hints.py").write_text(code)
+    command = page.split("```bash\na3po train train_dataset.env=hints:Hints", 1)[1].split("\n", 1)[0].split()
+    res = a3po("train", *TINY, "train_dataset.env=hints:Hints", *command, "total_train_steps=2", "evaluator.size=8",
+               cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = metrics(tmp_path / "runs" / "tiny")
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["rollout/reward_failures"] == 0

@@ -55,6 +55,12 @@ def held_out_gains(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def task_line(d: dict) -> str:
+    """The task of a run's train_dataset config, and its environment if it has one."""
+    env = f" in environment `{d['env']}` (up to {d['max_turns']} turns)" if d.get("env") else ""
+    return f"`{d['task']}`{env}"
+
+
 def _by_arm(runs: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in runs:
@@ -124,7 +130,8 @@ def markdown(record: dict, bench_dir: Path) -> str:
         "",
         f"Command: `{record['command']}`",
         "",
-        f"Model `{a['path']}`, task `{d['task']}`, {any_cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
+        f"Model `{a['path']}`, task {task_line(d)}, {any_cfg['total_train_steps']} steps of {d['batch_size']} "
+        f"prompts x "
         f"{g['n_samples']} samples, eta = {eta} for the asynchronous arms; {seeds} seed(s)"
         + (" (cells: mean (min..max))" if seeds > 1 else "")
         + f"; {record['cpu_count']} CPUs, torch {record['torch']}; "

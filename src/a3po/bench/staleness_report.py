@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from a3po.bench.args import BASELINE, REASON_ETA0, STEADY_AFTER
-from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, save_figure
+from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, save_figure, task_line
 
 # (key in a cell row, column title, format)
 TRAINING = (
@@ -67,7 +67,7 @@ def _header(record: dict) -> list[str]:
         (f"Machine: {record['cpu_model']} ({bf16} AVX512-BF16), {record['cpu_count']} CPUs, torch {record['torch']}; "
          f"benchmark wall time {record['wall_s'] / 60:.1f} min."),
         "",
-        f"Model `{a['path']}`, task `{d['task']}`, {cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
+        f"Model `{a['path']}`, task {task_line(d)}, {cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
         f"{g['n_samples']} samples; eta (`rollout.max_head_offpolicyness`) {_csv(args['etas'])}, "
         f"minibatches (`actor.ppo_n_minibatches`) {_csv(args['minibatches'])}, arms {', '.join(args['arms'])}; "
         f"{args['seeds']} seed(s)" + (" (cells: mean (min..max) over seeds)" if args["seeds"] > 1 else "") + ".",

@@ -1,7 +1,7 @@
 """A rollout worker process: its own inference engine, fed prompt groups, returning scored groups.
 
 The trainer spawns one process per worker (`rollout.n_workers`), each with its own torch
-thread count (docs/design.md §8: separate processes with their own threads barely slow each other,
+thread count (docs/design.md §9: separate processes with their own threads barely slow each other,
 threads in one process fight over the GIL in the decode loop). A worker's inbox is FIFO,
 so weights published for version v are loaded before any prompt admitted at version v
 is started: a token never carries a version older than the one its group was admitted at.

@@ -16,7 +16,7 @@ is added to the loss per token, or with actor.kl_in_reward charged to the reward
 `reference_kl`, which the trainer calls before it computes advantages (pipeline/loop.py).
 
 Weights stay fp32 (master copy); with dtype=bfloat16 the forward/backward run under
-autocast, faster than fp32 on CPUs with AMX/AVX512-BF16 (docs/design.md §8) but much slower on
+autocast, faster than fp32 on CPUs with AMX/AVX512-BF16 (docs/design.md §9) but much slower on
 AVX2-only CPUs, which emulate bf16, hence dtype=auto. Log-probs are computed only on output
 tokens and one vocabulary chunk at a time (trainer/logprobs.py). The micro-batch token
 budget counts padded tokens, so micro-batches are formed from length-sorted rows and
