@@ -149,7 +149,9 @@ def test_the_slurm_recipe_starts_ray_and_trains(tmp_path):
 
 
 def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path):
-    first = Run(on_ray(ray_head, "total_train_steps=4", "saver.freq_steps=2"), tmp_path)
+    """In multi-turn episodes (train_dataset.env): the environment travels to the actors with the worker's
+    arguments and runs in a child process of each."""
+    first = Run(on_ray(ray_head, "total_train_steps=4", "saver.freq_steps=2", "train_dataset.env=guess"), tmp_path)
     assert first.finish(timeout=600) == 0, first.err[-3000:]
     assert "Traceback" not in first.err, first.err[-3000:]
     assert "2 ranks, fsdp2" in first.err and f"Ray actors on the Ray cluster at {ray_head}" in first.err
@@ -160,7 +162,7 @@ def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(9))
     assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2  # eta reached, never passed
-    assert all(r["train/n_tokens"] > 0 for r in rows if r["step"] > 0)
+    assert all(r["train/n_tokens"] > 0 and r["episode/turns_mean"] >= 1 for r in rows if r["step"] > 0)
     # actors may sit on other nodes: their cores are not the trainer's to borrow (pipeline/cores.py:lends_cores)
     assert all(r["perf/borrowed_frac"] == 0 for r in rows if r["step"] > 0)
     assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the resumed run"
