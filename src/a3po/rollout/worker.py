@@ -208,13 +208,11 @@ class _Worker:
         if self.episodes is not None:
             self.episodes.finished_turn(c)
             return
-        slot, _ = c.rid
-        work, done = self.groups[slot]
-        done.append(c)
-        if len(done) < self.cfg.gconfig.n_samples:
+        slot, i = c.rid
+        group = self._gathered(slot, i, c)
+        if group is None:
             return
-        del self.groups[slot]
-        done.sort(key=lambda x: x.rid[1])
+        work, done = group
         self.scoring[slot] = (work, done, {})
         for comp in done:  # scored in the reward process while generation goes on
             self.reward.submit(comp.rid, self.tok.decode(comp.output_ids, skip_special_tokens=True), work.example)
@@ -237,15 +235,21 @@ class _Worker:
 
     def ended(self, episodes: list[Episode]) -> None:
         for ep in episodes:
-            slot, _ = ep.eid
-            work, done = self.groups[slot]
-            done.append(ep)
-            if len(done) < self.cfg.gconfig.n_samples:
-                continue
-            del self.groups[slot]
-            done.sort(key=lambda e: e.eid[1])
-            failures = [e.failure for e in done if e.failure]
-            self.outbox.put(GroupDone(self.id, slot, [e.trajectory() for e in done], failures, **self.clock()))
+            slot, i = ep.eid
+            group = self._gathered(slot, i, ep)
+            if group is not None:
+                done = group[1]
+                failures = [e.failure for e in done if e.failure]
+                self.outbox.put(GroupDone(self.id, slot, [e.trajectory() for e in done], failures, **self.clock()))
+
+    def _gathered(self, slot: int, sample: int, item) -> tuple[Work, list] | None:
+        """Add one finished sample (a completion, an episode) to its group: the group in sample order once complete."""
+        work, done = self.groups[slot]
+        done.append((sample, item))
+        if len(done) < self.cfg.gconfig.n_samples:
+            return None
+        del self.groups[slot]
+        return work, [x for _, x in sorted(done, key=lambda pair: pair[0])]
 
     def handle(self, msg) -> bool:
         """Apply one control message; False means stop."""
