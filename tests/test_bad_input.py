@@ -70,6 +70,22 @@ def model_without_tokenizer(d: Path, run: Path) -> None:
         shutil.copy(src / name, d / "notok" / name)
 
 
+REWRITING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+                      "(earlier){% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def model_rewriting_history(d: Path, run: Path) -> None:
+    """The trained model with a chat template that replaces earlier assistant messages (as some reasoning
+    models' templates drop earlier thoughts)."""
+    shutil.copytree(run / "checkpoints" / "step_000001", d / "rewrites")
+    (d / "rewrites" / "chat_template.jinja").unlink(missing_ok=True)
+    config = d / "rewrites" / "tokenizer_config.json"
+    settings = json.loads(config.read_text())
+    settings["chat_template"] = REWRITING_TEMPLATE
+    config.write_text(json.dumps(settings))
+
+
 def copy_run(d: Path, run: Path, change: Callable[[Path], None] = lambda run: None) -> None:
     """The trained run copied over runs/tiny, then damaged by `change`."""
     shutil.rmtree(d / "runs" / "tiny")
@@ -141,6 +157,8 @@ CASES = {
     "env-module-missing": Case([*TINY, "train_dataset.env=no_such_env:Env"], "cannot import"),
     "env-without-step": Case([*TINY, "train_dataset.env=env_nostep:Env"], "is not an environment class: it needs step"),
     "env-stop-a-string": Case([*TINY, "train_dataset.env=env_badstop:Env"], "stop attribute must be a tuple"),
+    "env-template-rewrites-history": Case([*TINY, "actor.path=./rewrites", "train_dataset.env=retry"],
+                                          "renders earlier messages differently", model_rewriting_history),
     "env-discount-out-of-range": Case([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount", fast=True),
     # resume folders
     "resume-missing": Case(["--resume", "runs/gone"], "no such directory", fast=True),

@@ -41,6 +41,7 @@ from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
 from a3po.pipeline.sinks import Sinks, check_backends
 from a3po.rollout import vllm_engine
+from a3po.rollout.prompts import ChatTurns, TemplateError
 from a3po.rollout.worker import Scoring
 from a3po.signals import Stopped
 from a3po.trainer import parallel, ranks
@@ -159,6 +160,11 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     reward_fn = build_reward(cfg.train_dataset, data)
     scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn))
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
+    if scoring.env is not None:
+        try:  # a template that cannot extend an episode by appending fails here, not in every worker
+            ChatTurns(tok).observation("ok", "user", inline=False, ended_by_eos=True)
+        except TemplateError as e:
+            raise ConfigError(f"actor.path={cfg.actor.path}: {e}") from None
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     world, by_torchrun = ranks.world_size(cfg)
     if device.type == "cuda" and cfg.cluster.launcher == Launcher.LOCAL and not by_torchrun:
