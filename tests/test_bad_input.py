@@ -70,8 +70,9 @@ def model_without_tokenizer(d: Path, run: Path) -> None:
         shutil.copy(src / name, d / "notok" / name)
 
 
-REWRITING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
-                      "(earlier){% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+REWRITING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                      "{% if m.role == 'assistant' and not loop.last %}(earlier){% else %}{{ m.content }}{% endif %}"
+                      "<|im_end|>\n{% endfor %}"
                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
