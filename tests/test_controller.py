@@ -39,7 +39,7 @@ from a3po.launch.local import LocalLauncher
 from a3po.models import load_policy
 from a3po.pipeline.controller import Controller
 from a3po.pipeline.pool import Lost, WorkerError, WorkerPool
-from a3po.rollout.worker import GroupDone, LoadWeights, Ready, WeightsLoaded, Work
+from a3po.rollout.worker import GroupDone, LoadWeights, Ready, Scoring, WeightsLoaded, Work
 from a3po.sync import SharedWeights
 from a3po.trajectories import Trajectory
 
@@ -455,7 +455,8 @@ def test_on_real_worker_processes_a_killed_worker_is_replaced_and_every_slot_is_
     data = load_task(cfg.train_dataset, 4, cfg.seed)
     model, _ = load_policy("tiny", seed=cfg.seed)
     weights = SharedWeights(model.state_dict())
-    pool = WorkerPool(cfg, build_reward(cfg.train_dataset, data), weights, 0, threads=1, launcher=LocalLauncher())
+    pool = WorkerPool(cfg, Scoring(build_reward(cfg.train_dataset, data)), weights, 0, threads=1,
+                      launcher=LocalLauncher())
     log: list[str] = []
     ctl = Controller(cfg, pool, data, DataOrder(len(data.train), cfg.seed), version=0, log=log.append)
     consumed = []
