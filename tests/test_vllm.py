@@ -7,7 +7,8 @@ side of the switch, every token covered by vLLM's version spans; samples follow 
 whatever runs beside them, stop strings end a completion; a bf16 engine's log-probs come
 closer to the trainer's with `actor.fp32_lm_head`; and `a3po train --preset tiny
 rollout.backend=vllm` (bf16 with the fp32 head) trains with staleness up to eta, resumes and
-leaves nothing behind in /dev/shm.
+leaves nothing behind in /dev/shm; multi-turn episodes reuse their cached prefix within a weight
+version and never across one, and train on Ray actors.
 """
 
 from pathlib import Path
@@ -143,18 +144,19 @@ def test_training_with_vllm_reaches_eta_resumes_and_cleans_up(tmp_path):
     assert not left, f"left in /dev/shm: {left}"
 
 
-def test_vllm_workers_run_as_ray_actors(tmp_path):
-    """The two choices together: vLLM engines inside rollout workers that are Ray actors (on a Ray instance
-    the run starts for itself), weights from the object store into vLLM's reload."""
+def test_vllm_workers_run_as_ray_actors_and_train_episodes(tmp_path):
+    """The choices together: vLLM engines inside rollout workers that are Ray actors (on a Ray instance
+    the run starts for itself), weights from the object store into vLLM's reload, multi-turn episodes."""
     import json
 
     env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    res = a3po("train", *RUN, "total_train_steps=4", "cluster.launcher=ray", "rollout.n_workers=2", cwd=tmp_path,
-               env=env, timeout=900)
+    res = a3po("train", *RUN, "total_train_steps=4", "cluster.launcher=ray", "rollout.n_workers=2",
+               "train_dataset.env=retry", "train_dataset.max_turns=3", cwd=tmp_path, env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Ray actors on a Ray instance started for this run" in res.stderr
     rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(5)) and max(r["stale/max"] for r in rows if r["step"] > 0) == 2
+    assert all(r["episode/turns_mean"] >= 1 for r in rows if r["step"] > 0)
 
 
 def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_path):
@@ -223,13 +225,3 @@ def test_episodes_on_vllm_reuse_their_prefix_within_a_version_and_never_across(s
         on = batch.loss_mask & (batch.versions == version)
         assert on.any() and (theta - batch.logp_behav)[on].abs().max().item() < TOL
 
-
-def test_training_episodes_with_vllm(tmp_path):
-    import json
-
-    res = a3po("train", *RUN, "total_train_steps=3", "train_dataset.env=retry", "train_dataset.max_turns=3",
-               cwd=tmp_path, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(4))
-    assert all(r["episode/turns_mean"] >= 1 and r["stale/max"] <= 2 for r in rows[1:])
