@@ -32,8 +32,10 @@ def train_steps(rows):
 
 def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
     eta = 2
+    # 64 tokens: sequences long enough that a version usually arrives while some are generating (with 32 the tiny
+    # model sometimes finished every sequence before each publication: no update in flight to check)
     res = a3po("train", *TINY, f"rollout.max_head_offpolicyness={eta}", "total_train_steps=8",
-               "gconfig.max_new_tokens=32", "evaluator.freq_steps=4", cwd=tmp_path)
+               "gconfig.max_new_tokens=64", "evaluator.freq_steps=4", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     run = tmp_path / "runs" / "tiny"
     rows = metrics(run)
