@@ -90,6 +90,60 @@ def test_samples_follow_their_seeds_and_stop_strings_end_them(smollm2, engine):
     assert all(lp <= 0 for x in (a, c, s) for lp in x.output_logprobs)
 
 
+def test_episodes_on_vllm_reuse_their_prefix_within_a_version_and_never_across(smollm2, engine):
+    """Multi-turn episodes through vLLM: observation tokens masked out, the trainer's log-probs on the generated
+    ones, turn 2 reusing turn 1's cached blocks, and, after new weights, no block of the old version reused.
+    It runs before any test that starts and closes engines of its own: closing one tears down vLLM's
+    process-wide parallel state, which the module's engine then lacks."""
+    from scripted_envs import OBSERVATION, Echo
+
+    from a3po.data import CallProcess, Example
+    from a3po.envs import EnvSpec
+    from a3po.envs.host import EnvHost
+    from a3po.rollout.episodes import EpisodeRunner, Turns
+
+    model, tok = smollm2
+    env = CallProcess(EnvHost(Echo), 10.0)
+    runner = EpisodeRunner(engine, tok, EnvSpec("echo", Echo), Turns(max_turns=4, max_new_tokens=8, max_context=512),
+                           env)
+    g = torch.Generator().manual_seed(1)
+    new = {k: v + 0.05 * v.std() * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]
+    v0 = engine.version  # whatever the tests before left
+    try:
+        story = "Once upon a time there was a small town by the sea where everyone knew each other. " * 8
+        for i, q in enumerate(["Say a colour.", "Name a fruit."]):  # long enough for whole 128-token CPU blocks
+            runner.start(i, Example(f"Story {i}. {story}{q}", "3", i), seed=i)  # no block shared between the two
+        ended, updated = [], False
+        while runner.busy:
+            for c in engine.step():
+                runner.finished_turn(c)
+            if not updated and any(len(e.actions) == 2 for e in runner.running.values()):
+                engine.update_weights(new, version=v0 + 1)  # before any third turn is submitted
+                updated = True
+            ended += runner.poll(block_s=0.05 if engine.num_pending == 0 else 0.0)
+    finally:
+        env.close()
+        engine.update_weights(model.state_dict(), version=v0 + 2)  # the original weights for the next test
+    assert updated and len(ended) == 2
+    for ep in ended:
+        (n1, c1), (n2, c2), (n3, c3) = ep.prefilled
+        assert c1 == n1 and c2 <= n2 - 128, ep.prefilled  # turn 2 reused turn 1's blocks (whole blocks of 128 here)
+        assert c3 == n3, ep.prefilled  # version 1 never reads version 0's blocks
+        t = ep.trajectory()
+        assert OBSERVATION not in tok.decode([x for x, m in zip(t.output_ids, t.output_mask) if m])
+        versions = t.generated_versions
+        assert sorted(set(versions)) == [v0, v0 + 1] and versions == sorted(versions)
+    batch = collate([ep.trajectory() for ep in ended], pad_id=tok.pad_token_id)
+    cfg = load_config(None, ["actor.dtype=float32"]).actor
+    new_model, _ = load_policy(SMOLLM2)
+    new_model.load_state_dict(new)
+    for version, weights in ((v0, model), (v0 + 1, new_model)):
+        theta = TrainEngine(weights, cfg, 1).compute_logp(batch)
+        on = batch.loss_mask & (batch.versions == version)
+        assert on.any() and (theta - batch.logp_behav)[on].abs().max().item() < TOL
+
+
 def bf16_gap(model, tok, fp32_head: bool) -> tuple[int, float]:
     """Tokens and mean |θ − b| of a bf16 vLLM engine against the bf16 trainer (fp32 master weights), on
     32 arithmetic prompts x 24 tokens the engine samples itself."""
@@ -174,54 +228,4 @@ def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_p
     gap = {g["engine"]: g for g in rec["gap"]}
     assert gap["vllm"]["tokens"] == 4 * 8 and gap["vllm"]["abs_max"] < TOL  # fp32 both sides: rounding only
     assert "| vllm | float32 | 32 |" in (tmp_path / "out" / "rollout.md").read_text()
-
-
-def test_episodes_on_vllm_reuse_their_prefix_within_a_version_and_never_across(smollm2, engine):
-    """Multi-turn episodes through vLLM: observation tokens masked out, the trainer's log-probs on the generated
-    ones, turn 2 reusing turn 1's cached blocks, and, after new weights, no block of the old version reused."""
-    from scripted_envs import OBSERVATION, Echo
-
-    from a3po.data import CallProcess, Example
-    from a3po.envs import EnvSpec
-    from a3po.envs.host import EnvHost
-    from a3po.rollout.episodes import EpisodeRunner, Turns
-
-    model, tok = smollm2
-    env = CallProcess(EnvHost(Echo), 10.0)
-    runner = EpisodeRunner(engine, tok, EnvSpec("echo", Echo), Turns(max_turns=4, max_new_tokens=8, max_context=512),
-                           env)
-    g = torch.Generator().manual_seed(1)
-    new = {k: v + 0.05 * v.std() * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
-    new["lm_head.weight"] = new["model.embed_tokens.weight"]
-    try:
-        story = "Once upon a time there was a small town by the sea where everyone knew each other. " * 8
-        for i, q in enumerate(["Say a colour.", "Name a fruit."]):  # long enough for whole 128-token CPU blocks
-            runner.start(i, Example(f"Story {i}. {story}{q}", "3", i), seed=i)  # no block shared between the two
-        ended, updated = [], False
-        while runner.busy:
-            for c in engine.step():
-                runner.finished_turn(c)
-            if not updated and any(len(e.actions) == 2 for e in runner.running.values()):
-                engine.update_weights(new, version=1)  # before any third turn is submitted
-                updated = True
-            ended += runner.poll(block_s=0.05 if engine.num_pending == 0 else 0.0)
-    finally:
-        env.close()
-        engine.update_weights(model.state_dict(), version=2)  # the original weights for the next test
-    assert updated and len(ended) == 2
-    for ep in ended:
-        (n1, c1), (n2, c2), (n3, c3) = ep.prefilled
-        assert c1 == n1 and c2 <= n2 - 128, ep.prefilled  # turn 2 reused turn 1's blocks (whole blocks of 128 here)
-        assert c3 == n3, ep.prefilled  # version 1 never reads version 0's blocks
-        t = ep.trajectory()
-        assert OBSERVATION not in tok.decode([x for x, m in zip(t.output_ids, t.output_mask) if m])
-        assert sorted(set(t.generated_versions)) == [0, 1] and t.generated_versions == sorted(t.generated_versions)
-    batch = collate([ep.trajectory() for ep in ended], pad_id=tok.pad_token_id)
-    cfg = load_config(None, ["actor.dtype=float32"]).actor
-    new_model, _ = load_policy(SMOLLM2)
-    new_model.load_state_dict(new)
-    for version, weights in ((0, model), (1, new_model)):
-        theta = TrainEngine(weights, cfg, 1).compute_logp(batch)
-        on = batch.loss_mask & (batch.versions == version)
-        assert on.any() and (theta - batch.logp_behav)[on].abs().max().item() < TOL
 
