@@ -59,11 +59,11 @@ class CallProcess:
 
     AHEAD_BYTES = 32 << 10  # less than a pipe's buffer: a write never blocks on a busy (or hung) child
 
-    def __init__(self, handler, timeout_s: float):
+    def __init__(self, handler, timeout_s: float, what: str = "call"):
         self._fn_blob = pickle.dumps(handler)  # fails here, in the caller, if the handler cannot travel
         self.timeout_s = float(timeout_s)
         self.restarts = 0  # children killed for a timeout or found dead
-        self.what = "call"  # named in the failure of a child that died
+        self.what = what  # named in the failure of a child that died, and in its reader thread
         self._waiting: deque[_Call] = deque()  # not yet written to the child
         self._sent: deque[tuple[int, _Call]] = deque()  # written, unanswered, in order: the first is running
         self._sent_bytes = 0
@@ -207,8 +207,7 @@ class RewardProcess(CallProcess):
     """Scores completions with a reward function `fn(completion, example) -> float`; a failure scores 0.0."""
 
     def __init__(self, fn, timeout_s: float):
-        super().__init__(ScoreCall(fn), timeout_s)
-        self.what = "reward"
+        super().__init__(ScoreCall(fn), timeout_s, what="reward")
 
     def poll(self) -> list[Answer]:
         return [(key, 0.0 if failure else value, failure) for key, value, failure in super().poll()]

@@ -22,8 +22,7 @@ class Evaluator:
         self.reward = RewardProcess(scoring.reward_fn, cfg.train_dataset.reward_timeout_s)
         self.env = None
         if scoring.env is not None:
-            self.env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s)
-            self.env.what = "environment"
+            self.env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s, what="environment")
 
     def close(self) -> None:
         self.reward.close()
@@ -57,7 +56,7 @@ class Evaluator:
             for c in engine.step():
                 runner.finished_turn(c)
             ended += runner.poll(block_s=0.05 if engine.num_pending == 0 else 0.0)
-        infos = [ep.trajectory().episode for ep in ended]
+        infos = [ep.info for ep in ended]
         return {
             "eval/accuracy": sum(i.success for i in infos) / n,
             "eval/reward": sum(ep.reward for ep in ended) / n,

@@ -88,12 +88,15 @@ class Episode:
     def context(self) -> list[int]:
         return self.prompt_ids + self.ids
 
-    def trajectory(self) -> Trajectory:
-        info = EpisodeInfo(turns=len(self.actions), tool_calls=self.tool_calls, tool_errors=self.tool_errors,
+    @property
+    def info(self) -> EpisodeInfo:
+        return EpisodeInfo(turns=len(self.actions), tool_calls=self.tool_calls, tool_errors=self.tool_errors,
                            success=self.raw_reward >= 1.0 - 1e-6, env_s=self.env_s,
                            wall_s=self.ended_at - self.started_at)
+
+    def trajectory(self) -> Trajectory:
         return Trajectory(self.prompt_ids, self.ids, self.logprobs, self.versions, reward=self.reward,
-                          finish_reason=self.finish_reason or ENV_ERROR, output_mask=self.mask, episode=info)
+                          finish_reason=self.finish_reason or ENV_ERROR, output_mask=self.mask, episode=self.info)
 
 
 class EpisodeRunner:

@@ -170,8 +170,7 @@ class _Worker:
         self.reward = RewardProcess(scoring.reward_fn, cfg.train_dataset.reward_timeout_s)
         self.episodes = None
         if scoring.env is not None:
-            env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s)
-            env.what = "environment"
+            env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s, what="environment")
             self.episodes = EpisodeRunner(self.engine, self.tok, scoring.env, Turns.from_config(cfg, scoring.env), env)
         self.groups: dict[int, tuple[Work, list]] = {}  # slot -> its completions or ended episodes so far
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
