@@ -2,7 +2,8 @@
 
 Proves: at version v exactly the slots below (eta + v + 1) * B may start, so the pipeline
 can hold (eta + 1) batches and no more; the running cap holds whatever the bound allows;
-a refilled slot is handed out again before any new slot; a run resumed at version v
+a refilled slot is handed out again before any new slot; with whole_batches (lockstep) a batch
+starts whole or waits; a run resumed at version v
 starts at slot v * B; each version's batch is its own B consecutive slots.
 """
 
@@ -77,3 +78,14 @@ def test_default_concurrency_is_what_the_bound_allows_with_a_memory_cap():
     big = load_config(None, ["rollout.max_head_offpolicyness=64", "train_dataset.batch_size=64",
                              "gconfig.n_samples=16"])
     assert max_running_groups(big) == MAX_SEQUENCES_IN_FLIGHT // 16
+
+
+def test_whole_batches_are_admitted_together_or_not_at_all():
+    adm = Admission(batch_size=4, eta=2, max_running=6, whole_batches=True)
+    assert drain(adm, 0) == [0, 1, 2, 3]  # a second batch would pass the cap of 6: none of it starts
+    adm.done(0)
+    assert drain(adm, 0) == []  # 3 running + 4 > 6
+    adm.done(1)
+    assert drain(adm, 0) == [4, 5, 6, 7]
+    plain = Admission(batch_size=4, eta=2, max_running=6)
+    assert drain(plain, 0) == list(range(6))  # without it the cap splits a batch

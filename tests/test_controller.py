@@ -129,10 +129,10 @@ class ScriptedPool:
 
     # -- WorkerPool's interface, called by the controller -----------------------------------
 
-    def submit(self, work: Work) -> int:
+    def submit(self, work: Work, worker: int | None = None) -> int:
         with self.cv:
             live = [i for i, w in enumerate(self.workers) if not w.lost] or list(range(len(self.workers)))
-            i = min(live, key=lambda k: self.workers[k].running)
+            i = worker if worker is not None else min(live, key=lambda k: self.workers[k].running)
             self.workers[i].running += 1
             self.workers[i].inbox.append(work)
             if self.hold_new:

@@ -163,6 +163,11 @@ class RolloutConfig:
     worker_timeout_s: float = opt(120.0, "a rollout worker that sends no heartbeat for this long is taken for hung, "
                                          "killed and replaced; it beats between two decode steps, so this must exceed "
                                          "the longest one (a prefill of many prompts on a big model)", ge=1)
+    lockstep: bool = opt(False, "repeatable asynchronous run: the batch of step k is sampled whole by weights "
+                                "max(0, k - eta) (each version is published once the batch it samples is done), "
+                                "each worker generates one batch's groups as one closed engine batch and episode "
+                                "turns in rounds; so a run repeats from its seed on one machine, and two runs that "
+                                "differ in one setting see data of the same staleness (docs/training.md)")
     max_worker_restarts: int = opt(3, "rollout workers replaced after a crash or a hang over the whole run; one more "
                                       "failure stops the run", ge=0)
 
@@ -290,6 +295,13 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts,
                          f"at least rollout.n_workers={r.n_workers}"))
     d = cfg.train_dataset
+    if r.lockstep and d.dynamic_filtering:
+        problems.append(("train_dataset.dynamic_filtering", True, (
+            "false with rollout.lockstep=true: refills follow the order groups finish in, which timing decides")))
+    if r.lockstep and r.max_concurrent_rollouts is not None and r.max_concurrent_rollouts < d.batch_size:
+        problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts, (
+            f"null or at least train_dataset.batch_size={d.batch_size} with rollout.lockstep=true "
+            "(a batch is admitted whole)")))
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))

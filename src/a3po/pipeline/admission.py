@@ -14,15 +14,16 @@ token has staleness d <= eta. eta = 0 admits one batch per version: synchronous 
 Consuming slots in order, rather than whichever groups finished first, is what makes the
 bound exact: a slow group is waited for, never trained on late and never dropped.
 A group removed by dynamic filtering is refilled into the same slot, so the bound holds
-for refills too.
+for refills too. With `whole_batches` (rollout.lockstep) a batch's groups are admitted
+together or not at all, so that they reach the workers as one cohort.
 """
 
 from __future__ import annotations
 
 
 class Admission:
-    def __init__(self, batch_size: int, eta: int, max_running: int, version: int = 0):
-        self.B, self.eta, self.max_running = batch_size, eta, max_running
+    def __init__(self, batch_size: int, eta: int, max_running: int, version: int = 0, whole_batches: bool = False):
+        self.B, self.eta, self.max_running, self.whole_batches = batch_size, eta, max_running, whole_batches
         self.next_slot = version * batch_size  # groups in flight when a run stopped are admitted again
         self.running = 0
         self.refills: list[int] = []  # slots whose group was filtered out and must be sampled again
@@ -33,6 +34,8 @@ class Admission:
     def take(self, version: int) -> int | None:
         """The slot to start next, or None if admission must wait."""
         if self.running >= self.max_running:
+            return None
+        if self.whole_batches and self.next_slot % self.B == 0 and self.running + self.B > self.max_running:
             return None
         if self.refills:
             slot = self.refills.pop(0)

@@ -20,6 +20,13 @@ inbox is FIFO and `publish` queues LoadWeights(P) before any later Work; a worke
 several versions waiting loads the newest first), and it is
 consumed at version slot // B <= P + eta, so d <= eta.
 
+Lockstep (rollout.lockstep): the trainer publishes v + 1 only once every group of batch
+v + eta is finished (`wait_sampled`), so batch k is sampled whole by weights max(0, k - eta),
+the version the bound allows at steady state. Batches are admitted whole and their groups
+routed by slot, (slot mod B) mod n_workers, each Work naming how many groups of its batch
+its worker gets (`cohort`), so that the worker can generate them as one closed engine batch.
+Which weights sample what, and with what, is then a function of the step, not of timing.
+
 Worker restart: a worker whose pipe closes (it died) or that falls silent for
 rollout.worker_timeout_s (hung: it is killed) is replaced by a fresh process in the same
 place, started with the published version P' >= P, and the groups it had in flight are
@@ -33,6 +40,7 @@ replacements, the next failure stops the run.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -94,7 +102,9 @@ class Controller:
         stall and restart timeouts."""
         self.cfg, self.pool, self.data, self.order, self.log, self.clock = cfg, pool, data, order, log, clock
         self.B = cfg.train_dataset.batch_size
-        self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version)
+        self.lockstep = cfg.rollout.lockstep
+        self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version,
+                                   whole_batches=self.lockstep)
         self.stall_timeout_s = cfg.rollout.stall_timeout_s
         self._cond = threading.Condition()
         self._published = version  # newest version whose LoadWeights has been queued
@@ -146,6 +156,14 @@ class Controller:
         with self._cond:
             self._wait(lambda: min(self._acked) >= version, f"the workers to load weights v{version}")
             self._writing = True
+
+    def wait_sampled(self, batch: int) -> None:
+        """Block until every group of batches <= `batch` is finished (lockstep: the weights that sample them may
+        then be replaced)."""
+        end = (batch + 1) * self.B
+        with self._cond:
+            self._wait(lambda: self.admission.next_slot >= end and all(s >= end for s in self._inflight),
+                       f"the prompt groups of step {batch + 1}")
 
     def publish(self, version: int) -> None:
         """Weights `version` are in the shared buffer: tell the workers, then admit against it."""
@@ -208,10 +226,18 @@ class Controller:
     def _admit(self) -> None:
         while (slot := self.admission.take(self._published)) is not None:
             self._slot_cursor.setdefault(slot, self.order.cursor)
-            self._send(Work(slot, self.data.train[self.order.next()]))
+            self._send(Work(slot, self.data.train[self.order.next()], self._cohort(self._route(slot))))
+
+    def _route(self, slot: int) -> int | None:
+        """Lockstep: the worker a slot's group goes to, fixed by its place in its batch; else the pool chooses."""
+        return (slot % self.B) % len(self._acked) if self.lockstep else None
+
+    def _cohort(self, worker: int | None) -> int:
+        """How many groups of one batch `worker` is sent (lockstep), 0 otherwise."""
+        return 0 if worker is None else sum(i % len(self._acked) == worker for i in range(self.B))
 
     def _send(self, work: Work) -> None:
-        self._inflight[work.slot] = (self.pool.submit(work), work)
+        self._inflight[work.slot] = (self.pool.submit(work, self._route(work.slot)), work)
 
     def _lost(self, worker_id: int, why: str) -> None:
         """A worker died or hung: take it out now, replace it when the shared buffer may be read.
@@ -233,8 +259,9 @@ class Controller:
         for worker_id, why in list(self._replace.items()):
             self.pool.restart(worker_id, self._published)
             again = [work for w, work in self._inflight.values() if w == worker_id]
-            for work in again:
-                self._send(work)
+            for work in again:  # a cohort is what is sent again of its batch: some of its groups may be done
+                cohort = sum(other.slot // self.B == work.slot // self.B for other in again) if work.cohort else 0
+                self._send(dataclasses.replace(work, cohort=cohort))
             del self._replace[worker_id]
             self._restarted_at[worker_id] = self.clock()
             self.log(f"a3po: rollout worker {why}; replaced (restart {self.restarts} of rollout.max_worker_restarts="

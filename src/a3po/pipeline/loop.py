@@ -6,6 +6,7 @@
        -> group-relative advantages (algorithm core);
     3. PPO update on the batch (trainer/engine.py): version v -> v + 1;
     4. weight sync: once every worker is past v - 1, publish v + 1 (shared memory, or Ray's object store);
+       with rollout.lockstep, only once batch v + eta is sampled (controller.py);
     5. statistics for this step.
 
 Rollout does not wait for this loop: the controller thread keeps admitting groups and
@@ -134,6 +135,8 @@ class Trainer:
         # 4. Weight sync: v + 1 goes where v - 1 was (sync/shm.py keeps two versions), so every worker must be
         #    past v - 1; a worker still loading v is not waited for.
         t0 = time.perf_counter()
+        if cfg.rollout.lockstep:  # v + 1 samples batch v + 1 + eta: batch v + eta must be done with v
+            ctl.wait_sampled(v + eta)
         ctl.wait_loaded(v - 1)
         self.weights.publish(self.engine.weights())
         ctl.publish(self.engine.version)

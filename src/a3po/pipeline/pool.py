@@ -139,10 +139,10 @@ class WorkerPool:
             if isinstance(msg, Lost):
                 raise WorkerError(f"rollout worker {msg.why} while starting")
 
-    def submit(self, work: Work) -> int:
-        """Queue a group on the least loaded worker that is not lost; returns its index."""
+    def submit(self, work: Work, worker: int | None = None) -> int:
+        """Queue a group on `worker`, or else on the least loaded worker that is not lost; returns its index."""
         live = [i for i, s in enumerate(self.slots) if not s.lost] or list(range(len(self.slots)))
-        i = min(live, key=lambda k: self.slots[k].running)
+        i = worker if worker is not None else min(live, key=lambda k: self.slots[k].running)
         self.slots[i].running += 1
         self.slots[i].inbox.put(work)
         return i

@@ -20,6 +20,11 @@ that raises, hangs or returns the wrong type fails its own episode (finish reaso
 `env_error`, the reason kept for the failure count) and no other. An episode ends when the
 environment says done, after `max_turns` model turns, or when the next observation would
 not fit the context budget (its reward is then what the environment gave so far).
+
+With `rounds` (rollout.lockstep) turns go to the engine in rounds: a turn waits until no
+turn is generating and no environment call is out, then every waiting turn is submitted at
+once, in episode order. The engine's batches are then the same whatever the timing of the
+environment's answers (continuous batching otherwise joins each turn when its answer lands).
 """
 
 from __future__ import annotations
@@ -100,12 +105,17 @@ class Episode:
 
 
 class EpisodeRunner:
-    def __init__(self, engine: RolloutEngine, tokenizer, spec: EnvSpec, turns: Turns, env: CallProcess):
+    def __init__(self, engine: RolloutEngine, tokenizer, spec: EnvSpec, turns: Turns, env: CallProcess,
+                 rounds: bool = False):
         self.engine, self.tok, self.spec, self.turns, self.env = engine, tokenizer, spec, turns, env
         self.chat = ChatTurns(tokenizer)
         self.eos = tokenizer.eos_token_id
+        self.rounds = rounds
         self.running: dict[Hashable, Episode] = {}
         self._done: list[Episode] = []
+        self._generating = 0  # turns in the engine
+        self._awaiting: set[Hashable] = set()  # episodes with an environment call out (reset or step)
+        self._next: list[GenerationRequest] = []  # rounds: turns waiting for the round to end
 
     @property
     def busy(self) -> bool:
@@ -119,6 +129,7 @@ class EpisodeRunner:
     def finished_turn(self, c: Completion) -> None:
         """A model turn the engine finished (its rid is the episode's id): the environment answers it next."""
         ep = self.running[c.rid]
+        self._generating -= 1
         assert c.prompt_ids == ep.context, "a turn's prompt must be the episode's context"
         ep.ids += c.output_ids
         ep.logprobs += c.output_logprobs
@@ -135,6 +146,7 @@ class EpisodeRunner:
             ep = self.running.get(key)
             if ep is None:  # the answer to a close
                 continue
+            self._awaiting.discard(key)
             ep.env_s += time.perf_counter() - ep.sent_at
             if failure is not None:
                 which = "reset" if not ep.prompt_ids else f"step {len(ep.actions)}"
@@ -143,6 +155,10 @@ class EpisodeRunner:
                 self._begin(ep, value)
             else:
                 self._stepped(ep, value)
+        if self._next and not self._generating and not self._awaiting:
+            for request in sorted(self._next, key=lambda r: r.rid):
+                self._submit(request)
+            self._next = []
         done, self._done = self._done, []
         return done
 
@@ -184,11 +200,19 @@ class EpisodeRunner:
     def _turn(self, ep: Episode) -> None:
         t = self.turns
         context = ep.context
-        self.engine.submit(GenerationRequest(
+        request = GenerationRequest(
             context, min(t.max_new_tokens, t.max_context - len(context)), rid=ep.eid, temperature=t.temperature,
             top_p=t.top_p, top_k=t.top_k, greedy=ep.greedy, stop=t.stop, seed=ep.seed * 64 + len(ep.actions),
             session=ep.eid,
-        ))
+        )
+        if self.rounds:
+            self._next.append(request)
+        else:
+            self._submit(request)
+
+    def _submit(self, request: GenerationRequest) -> None:
+        self._generating += 1
+        self.engine.submit(request)
 
     def _end(self, ep: Episode, reason: str, failure: str | None = None) -> None:
         ep.finish_reason, ep.failure, ep.ended_at = reason, failure, time.perf_counter()
@@ -204,4 +228,5 @@ class EpisodeRunner:
 
     def _call(self, ep: Episode, *args) -> None:
         ep.sent_at = time.perf_counter()
+        self._awaiting.add(ep.eid)
         self.env.submit(ep.eid, *args)

@@ -59,6 +59,7 @@ class Scoring:
 class Work:
     slot: int  # admission index; the group is trained on at version slot // batch_size
     example: Example
+    cohort: int = 0  # rollout.lockstep: this many groups of the batch come to this worker, generated together
 
 
 @dataclass
@@ -171,8 +172,10 @@ class _Worker:
         self.episodes = None
         if scoring.env is not None:
             env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s, what="environment")
-            self.episodes = EpisodeRunner(self.engine, self.tok, scoring.env, Turns.from_config(cfg, scoring.env), env)
+            self.episodes = EpisodeRunner(self.engine, self.tok, scoring.env, Turns.from_config(cfg, scoring.env), env,
+                                          rounds=cfg.rollout.lockstep)
         self.groups: dict[int, tuple[Work, list]] = {}  # slot -> its completions or ended episodes so far
+        self.held: dict[int, list[Work]] = {}  # lockstep: batch -> its groups received, until the cohort is whole
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
         self.t_ready = time.perf_counter()
         self.idle_s = 0.0
@@ -194,6 +197,23 @@ class _Worker:
                 stop=tuple(g.stop), seed=request_seed(self.cfg.seed, work.slot, i),
             ))
         self.groups[work.slot] = (work, [])
+
+    def hold(self, work: Work) -> None:
+        """Lockstep: keep a group until its batch's cohort is here (`release` starts it)."""
+        self.held.setdefault(work.slot // self.cfg.train_dataset.batch_size, []).append(work)
+
+    def release(self) -> None:
+        """Lockstep: once nothing is generating, start the oldest batch's cohort if it is whole, in slot order, so
+        that its groups are one engine batch whatever the timing of their arrival."""
+        if not self.held or self.engine.num_pending or (self.episodes is not None and self.episodes.busy):
+            return
+        batch = min(self.held)
+        works = self.held[batch]
+        if len(works) < works[0].cohort:
+            return
+        del self.held[batch]
+        for work in sorted(works, key=lambda w: w.slot):
+            self.start(work)
 
     @property
     def idle_wait(self) -> float:
@@ -258,6 +278,8 @@ class _Worker:
             t0 = time.perf_counter()
             self.engine.update_weights(msg.weights.tensors(self.given), msg.version)
             self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0, **self.clock()))
+        elif isinstance(msg, Work) and msg.cohort:
+            self.hold(msg)
         elif isinstance(msg, Work):
             self.start(msg)
         return True
@@ -308,6 +330,7 @@ def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, 
                 w.idle_s += time.perf_counter() - t0
             for m in newest_weights_first(msgs):
                 running = running and w.handle(m)
+            w.release()
             for c in w.engine.step():
                 w.finish(c)
             w.scored()
