@@ -457,3 +457,62 @@ def test_coupled_ppo_is_the_decoupled_loss_with_p_equal_b():
     torch.testing.assert_close(terms.behav_weight, bt([1.0, 1.0, 1.0]))
     # A = 1, r = 2.2 -> -1.2; A = -1, r = 0.75 -> max(0.75, 0.8) = 0.8; A = 2, r = 1.5 -> -2.4
     torch.testing.assert_close(coupled, torch.tensor((-1.2 + 0.8 - 2.4) / 3, dtype=F64))
+
+
+# ----------------------------------------------------------------------------- the per-token bound of the default loss
+
+
+@pytest.mark.parametrize("method", ["recompute", "loglinear", "linear", "reuse", "coupled"])
+def test_default_loss_bounds_every_tokens_gradient_at_every_staleness(method):
+    """|dloss/dtheta_t| x N <= max(c_clip, 1 + eps_high) x cap x |A_t| for every token, whatever theta, b and the
+    recomputed p are and however stale the token is: with the defaults no token can dominate an update. Without
+    the dual clip loglinear breaks it at d <= 1 (p = b, w = 1, the ratio of an A < 0 token unbounded)."""
+    from a3po.algo.prox import proximal_logp
+    from a3po.config.schema import ActorConfig
+
+    cfg = ActorConfig()
+    bound = max(cfg.c_clip, 1 + (cfg.eps_clip_higher or cfg.eps_clip)) * cfg.behav_imp_weight_cap
+    gen = torch.Generator().manual_seed(0)
+    v, n = 9, 4000
+    versions = torch.randint(0, v + 1, (1, n), generator=gen)  # d = 0..9
+    b = -torch.rand(1, n, generator=gen, dtype=F64) * 8
+    theta = (b + (torch.rand(1, n, generator=gen, dtype=F64) - 0.3) * 12).clamp(max=0).requires_grad_()
+    recomputed = (b + (torch.rand(1, n, generator=gen, dtype=F64) - 0.3) * 8).clamp(max=0)
+    adv = torch.randn(1, n, generator=gen, dtype=F64) * 2
+    mask = torch.ones_like(adv, dtype=torch.bool)
+
+    def grads(c_clip):
+        theta.grad = None
+        p = b if method == "coupled" else proximal_logp(method, b, theta, versions, v, recomputed)
+        cap = None if method == "coupled" else cfg.behav_imp_weight_cap
+        loss, _ = ppo_loss(theta, p, b, adv, mask, eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher,
+                           c_clip=c_clip, behav_imp_weight_cap=cap, behav_imp_weight_mode=cfg.behav_imp_weight_mode)
+        loss.backward()
+        return (theta.grad * n).abs()[0]
+
+    g = grads(cfg.c_clip)
+    assert (g <= bound * adv.abs()[0] + 1e-9).all()
+    assert g.max() > 0.5  # tokens do train
+    if method == "loglinear":
+        unbounded = grads(None)
+        low = (v - versions[0] <= 1) & (adv[0] < 0)
+        assert (unbounded[low] > bound * adv.abs()[0][low]).any()
+
+
+def test_loss_by_staleness_hand_values():
+    from a3po.algo import loss_by_staleness
+    from a3po.algo.loss import LossTerms
+
+    z = torch.zeros(1, 5, dtype=F64)
+    mask = torch.tensor([[True, True, True, True, False]])
+    clipped = torch.tensor([[True, False, True, False, True]])
+    capped = torch.tensor([[False, False, False, True, True]])
+    terms = LossTerms(mask=mask, ratio=z, clipped=clipped, dual_clipped=mask & False, behav_weight=z, capped=capped,
+                      m2_dropped=mask & False, pg=z)
+    d = torch.tensor([[0, 0, 3, 3, 0]])
+    adv = bt([-1.0, 1.0, -1.0, -1.0, -1.0])
+    coef = bt([0.2, -0.2, 0.5, 0.1, 9.0])  # the masked-out token's weight does not count
+    out = loss_by_staleness(terms, d, adv, coef)
+    assert out == pytest.approx({"loss/clipped_frac_d0": 0.5, "loss/behav_capped_frac_d0": 0.0,
+                                 "loss/clipped_frac_d3": 0.5, "loss/behav_capped_frac_d3": 0.5,
+                                 "loss/grad_share_neg_low_d": 0.2 / 1.0})

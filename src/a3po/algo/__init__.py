@@ -23,7 +23,8 @@ _MODULE_OF = {
     "aggregate": "masked", "masked_mean": "masked", "masked_sum": "masked",
     "PROX_METHODS": "prox", "approximation_errors": "prox", "get_method": "prox",
     "interpolation_weight": "prox", "proximal_logp": "prox", "staleness": "prox",
-    "approx_error_stats": "stats", "loss_stats": "stats", "mismatch_stats": "stats", "staleness_stats": "stats",
+    "approx_error_stats": "stats", "loss_by_staleness": "stats", "loss_stats": "stats", "mismatch_stats": "stats",
+    "staleness_stats": "stats",
 }
 
 __all__ = list(_MODULE_OF)

@@ -41,6 +41,26 @@ def loss_stats(
     return {k: float(v) for k, v in out.items()}
 
 
+LOW_D = 2  # "fresh" for the gradient-share statistic: tokens at most this many versions old
+
+
+def loss_by_staleness(terms: LossTerms, d: Tensor, adv: Tensor, grad_coef: Tensor) -> dict[str, float]:
+    """Where the clip and the cap act, per staleness d (each (1, N) over the tokens that count), and the share of
+    the update's per-token weight |dloss/dtheta_t| (the coefficient of grad log pi(y_t) in the gradient) that
+    falls on tokens with A_t < 0 and d_t <= LOW_D: the tokens an unbounded ratio can blow up when p = b."""
+    m = terms.mask.bool()
+    out = {}
+    for k in sorted(set(d[m].tolist())):
+        at = m & (d == k)
+        out[f"loss/clipped_frac_d{k}"] = float(masked_mean(terms.clipped.float(), at))
+        out[f"loss/behav_capped_frac_d{k}"] = float(masked_mean(terms.capped.float(), at))
+    weight = grad_coef.abs().masked_fill(~m, 0.0)
+    total = float(weight.sum())
+    low = float(weight[m & (adv < 0) & (d <= LOW_D)].sum())
+    out["loss/grad_share_neg_low_d"] = low / total if total > 0 else 0.0
+    return out
+
+
 def staleness_stats(versions: Tensor, current_version: int, mask: Tensor, eta: int) -> dict[str, float]:
     d = staleness(versions, current_version)
     m = mask.bool() & (versions >= 0)

@@ -83,7 +83,10 @@ class ActorConfig:
                                 choices=variants.PROX_METHODS)
     eps_clip: float = opt(0.2, "PPO clip range below 1 (and above 1 unless eps_clip_higher is set)", gt=0, lt=1)
     eps_clip_higher: float | None = opt(None, "PPO clip range above 1 (asymmetric clip); null = eps_clip", gt=0)
-    c_clip: float | None = opt(None, "dual-clip bound for negative advantages; null disables", gt=1)
+    c_clip: float | None = opt(3.0, "dual-clip bound for negative advantages: with A < 0 a token whose ratio passes "
+                                     "this stops contributing, so no token weighs more than c_clip x the cap x |A| "
+                                     "in the update (loglinear at d <= 1 has w = 1 and no other bound); null disables",
+                                gt=1)
     behav_imp_weight_cap: float | None = opt(5.0, "cap on the behaviour importance weight exp(p - b); null disables",
                                              gt=1)
     behav_imp_weight_mode: str = opt("token_mask",

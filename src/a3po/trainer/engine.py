@@ -40,10 +40,12 @@ from a3po.algo import (
     approximation_errors,
     get_method,
     kl_penalty,
+    loss_by_staleness,
     loss_stats,
     mismatch_stats,
     ppo_loss,
     proximal_logp,
+    staleness,
 )
 from a3po.algo.prox import ApproxErrors
 from a3po.config.choices import Dtype
@@ -84,6 +86,8 @@ class MicroStats:
     behav: Tensor  # the behaviour policy's (the sampler's)
     entropy: Tensor
     versions: Tensor  # the version that sampled each token
+    adv: Tensor  # the advantage of each token
+    grad_coef: Tensor  # dloss/dtheta_t: each token's weight in the gradient
     # bool: sampled by version v itself, before this step's first optimizer step changed the weights:
     # theta and b there differ only by train/rollout numerics
     fresh: Tensor
@@ -314,6 +318,7 @@ class TrainEngine:
         if self.dp is None and not torch.isfinite(loss):  # with ranks, the gradient norm says it on every rank
             raise FloatingPointError(f"loss is {loss.item()} at version {v}; "
                                      "lower actor.optimizer.lr or check rewards/log-probs")
+        grad_coef = torch.autograd.grad(loss, logp, retain_graph=True)[0]  # through the loss only: cheap
         (loss * scale if scale != 1 else loss).backward()
         m = mb.loss_mask
         errors = None
@@ -322,7 +327,8 @@ class TrainEngine:
             errors = {name: _on(e, m) for name, e in errs.items()}
         return MicroStats(
             loss=loss.detach(), terms=_on(terms, m), logp=logp.detach()[m], prox=prox[m], behav=mb.logp_behav[m],
-            entropy=entropy.detach()[m], versions=mb.versions[m], fresh=(mb.versions[m] == v) & first_minibatch,
+            entropy=entropy.detach()[m], versions=mb.versions[m], adv=mb.advantages[m], grad_coef=grad_coef[m],
+            fresh=(mb.versions[m] == v) & first_minibatch,
             kl_ref=kl.detach()[m] if kl is not None else None, errors=errors,
         )
 
@@ -346,6 +352,9 @@ class TrainEngine:
         mask = torch.ones_like(logp, dtype=torch.bool)  # every token of the row is an output token
         out = loss_stats(_joined([p.terms for p in pieces]), mask, logp, _row([p.prox for p in pieces]),
                          _row([p.entropy for p in pieces]))
+        d = staleness(_row([p.versions for p in pieces]), v)
+        out.update(loss_by_staleness(_joined([p.terms for p in pieces]), d, _row([p.adv for p in pieces]),
+                                     _row([p.grad_coef for p in pieces])))
         out["train/n_tokens"] = float(mask.sum())
         out["loss/total"] = float(sum(p.loss for p in pieces) / max(1, self.cfg.ppo_n_minibatches))
         out.update(mismatch_stats(logp, _row([p.behav for p in pieces]), _row([p.fresh for p in pieces])))
