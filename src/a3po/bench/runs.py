@@ -32,6 +32,7 @@ from a3po.bench.common import machine as common_machine
 from a3po.bench.common import progress
 from a3po.config import Config, ConfigError, dump_yaml
 from a3po.files import unique_dir
+from a3po.pipeline.run import HELD_OUT
 
 RESULTS = "results.json"
 CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (docs/operations.md)
@@ -129,7 +130,16 @@ def run_one(planned: PlannedRun, bench_dir: Path, label: str, summarize: Summari
                 "log": str(log_path)}
     rows = read_metrics(run_dir / "metrics.jsonl")
     return {**head, "ok": True, "returncode": 0, "run_dir": str(run_dir), "log": str(log_path),
-            "process_wall_s": wall, **summarize(rows, cfg)}
+            "process_wall_s": wall, **summarize(rows, cfg), **held_out(run_dir, cfg.total_train_steps)}
+
+
+def held_out(run_dir: Path, last_step: int) -> dict:
+    """Each held-out example's result at the first and the last evaluation (HELD_OUT), for paired intervals."""
+    path = run_dir / HELD_OUT
+    if not path.exists():
+        return {}
+    by_step = {r["step"]: r["solved"] for r in map(json.loads, path.read_text().splitlines()) if r}
+    return {"held_out_initial": by_step.get(0), "held_out_final": by_step.get(last_step)}
 
 
 def _steps_done(run_dir: Path) -> int:

@@ -15,6 +15,7 @@ docs/operations.md "Exit codes" is the table users read.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from a3po.launch import check as check_launcher
 from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
 from a3po.pipeline.cores import CoreLender, lends_cores
-from a3po.pipeline.evaluate import Evaluator
+from a3po.pipeline.evaluate import Evaluation, Evaluator
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
 from a3po.pipeline.sinks import Sinks, check_backends
@@ -222,7 +223,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         if not resume:
             say("a3po: evaluating the initial policy on the held-out split ...")
             t0 = time.perf_counter()
-            first = evaluate(engine.full_model, tok, data.eval)
+            first = _evaluated(evaluate(engine.full_model, tok, data.eval), run_dir, 0)
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
@@ -237,7 +238,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
             step = progress.step = engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
                 t0 = time.perf_counter()
-                stats.update(evaluate(engine.full_model, tok, data.eval))
+                stats.update(_evaluated(evaluate(engine.full_model, tok, data.eval), run_dir, step))
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()
@@ -250,6 +251,16 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         finished = True
     print(summary(history, run_dir, time.perf_counter() - t_start))
     return 0
+
+
+HELD_OUT = "held_out.jsonl"  # per evaluation: each held-out example solved or not, for paired comparisons
+
+
+def _evaluated(ev: Evaluation, run_dir: Path, step: int) -> dict[str, float]:
+    """The evaluation's metrics, once its per-example results are appended to the run's HELD_OUT file."""
+    with writing(HELD_OUT, run_dir), open(run_dir / HELD_OUT, "a") as f:
+        f.write(json.dumps({"step": step, "solved": ev.solved}) + "\n")
+    return ev.metrics
 
 
 def _checkpoint(run_dir: Path, step: int, engine: TrainEngine, tok, trainer: Trainer, keep: int) -> None:
