@@ -115,6 +115,12 @@ def test_writes_tables_json_plots_and_a_json_last_line(bench):
     assert approx["cell"] == "recompute-eta2-mb1"
     assert [row["staleness"] for row in approx["rows"]] == ["d0", "d1", "d2", "all"]
     assert approx["rows"][-1]["tokens"] == sum(row["tokens"] for row in approx["rows"][:-1]) > 0
+    # every arm paired with recompute on the same seed and held-out problems
+    assert [(r["arm"], r["n"]) for r in rec["paired"]] == [("coupled", 1), ("loglinear", 1), ("reuse", 1)]
+    runs = {r["key"]: r for r in rec["runs"]}
+    final = {arm: runs[f"{arm}-eta2-mb1-seed1"]["held_out_final"] for arm in ("loglinear", "recompute")}
+    assert len(final["loglinear"]) == 16 and set(final["loglinear"]) <= {0.0, 1.0}
+    assert rec["paired"][1]["mean"] == pytest.approx(sum(final["loglinear"]) / 16 - sum(final["recompute"]) / 16)
     for sub in ("configs", "logs"):
         assert sorted(p.name for p in (out / sub).iterdir()) == sorted(f"{k}.{'yaml' if sub == 'configs' else 'log'}"
                                                                        for k in KEYS)
@@ -125,7 +131,8 @@ def test_writes_tables_json_plots_and_a_json_last_line(bench):
         assert data[:8] == PNG and len(data) > 5000, name
     md = (out / "results.md").read_text()
     for part in ("# a3po bench staleness", "Command: `a3po bench staleness --preset tiny", "## Training",
-                 "## Consumed staleness", "## Proximal approximation error", "### eta = 2, 1 minibatch",
+                 "## Consumed staleness", "## Proximal approximation error",
+                 "## Against recompute, paired by seed", "### eta = 2, 1 minibatch",
                  "| loglinear | 2 | 1 |", "prox_logp_method=metrics", "](plots/accuracy_vs_eta.png)", "torch "):
         assert part in md, part
     *printed, last = res.stdout.rstrip("\n").split("\n")
@@ -386,3 +393,25 @@ def test_of_bottleneck_compares_each_step_with_its_slower_side():
     ]
     assert of_bottleneck(steps) == pytest.approx((9 + 4) / (10 + 5))
     assert math.isnan(of_bottleneck(steps[2:]))
+
+
+def test_paired_differences_pair_each_seed_and_give_a_t_interval():
+    from a3po.bench.report import paired_differences
+
+    def run(arm, seed, solved):
+        return {"ok": True, "arm": arm, "seed": seed, "held_out_final": solved}
+
+    runs = [run("a", 1, [1, 1, 0, 0]), run("r", 1, [1, 0, 0, 0]),  # +0.25
+            run("a", 2, [1, 1, 1, 1]), run("r", 2, [1, 1, 1, 0]),  # +0.25
+            run("a", 3, [0, 0, 0, 0]), run("r", 3, [1, 0, 0, 0]),  # -0.25
+            run("a", 4, [1, 0, 0, 0])]  # no reference on seed 4: left out
+    d = paired_differences(runs, "a", "r")
+    assert d["values"] == [0.25, 0.25, -0.25] and d["n"] == 3
+    assert d["mean"] == pytest.approx(0.25 / 3)
+    half = 4.303 * d["std"] / math.sqrt(3)  # t(0.975, 2 df)
+    assert d["std"] == pytest.approx(math.sqrt(((1 / 6) ** 2 * 2 + (1 / 3) ** 2) / 2))
+    assert d["interval"] == pytest.approx((0.25 / 3 - half, 0.25 / 3 + half)) and not d["measurable"]
+    runs += [run("a", s, [1, 1, 1, 1]) for s in (5, 6, 7)] + [run("r", s, [0, 0, 0, 0]) for s in (5, 6, 7)]
+    runs = [r for r in runs if r["seed"] != 3]
+    assert paired_differences(runs, "a", "r")["measurable"]
+    assert paired_differences(runs, "a", "missing") is None

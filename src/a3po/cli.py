@@ -1,6 +1,7 @@
 """The `a3po` command line.
 
     a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
+    a3po eval RUN_OR_MODEL [--samples K] [key=value ...]   held-out accuracy with its interval
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
     a3po bench rollout [options]                   rollout tokens/s per engine and dtype, log-prob gap
@@ -87,6 +88,24 @@ def _bench(args, argv: list[str]) -> int:
     return staleness.main(options, argv)
 
 
+def _eval(args) -> int:
+    from a3po.config import ConfigError
+    from a3po.data import DataError
+    from a3po.models import ModelSourceError
+    from a3po.trainer.checkpoint import CheckpointError
+
+    if args.samples < 1:
+        return bad_input("usage error", ValueError(f"--samples {args.samples}: must be at least 1"))
+    with signals.deferred():
+        from a3po import heldout
+    try:
+        return heldout.main(args.target, args.config, args.preset, args.overrides, args.samples, args.out)
+    except (ConfigError, CheckpointError) as e:
+        return bad_input("config error", e)
+    except (DataError, ModelSourceError) as e:
+        return bad_input("error", e)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a3po",
@@ -109,6 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
     from a3po.bench.args import add_parsers
 
     add_parsers(sub, config_args=_add_config_args)
+
+    ev = sub.add_parser("eval", help="held-out accuracy of a run, a checkpoint or a model, with its interval",
+                        description="Evaluate a run folder (its newest checkpoint), a checkpoint or a model on the "
+                                    "held-out split of the task its configuration names; print the accuracy with "
+                                    "its 95 % interval and write a JSON record with every problem's result.",
+                        epilog=keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("target", metavar="RUN_OR_MODEL",
+                    help="a run folder, one of its checkpoints, a model folder, a hub id or a built-in model name")
+    _add_config_args(ev)
+    ev.add_argument("--samples", type=int, default=1, metavar="K",
+                    help="1 (default): greedy; K > 1: K completions per problem sampled at gconfig.temperature, "
+                         "a problem counting the share of them that solve it")
+    ev.add_argument("--out", metavar="FILE", help="where the JSON record goes (default: <run>/eval_step<N>.json "
+                                                  "for a run, ./a3po-eval.json for a model)")
 
     show = sub.add_parser("config", help="print the resolved configuration as YAML", epilog=keys_help(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,6 +199,8 @@ def _main(argv: list[str] | None) -> int:
             return _bench(args, argv[2:])
         except ConfigError as e:
             return bad_input("config error", e)
+    if args.command == "eval":
+        return _eval(args)
     try:
         if getattr(args, "resume", None):
             if args.config or args.preset:

@@ -39,7 +39,11 @@ class Engine:
 ROLLOUT_ENGINES = (Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE, Engine.VLLM)
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2", "ray")  # bench e2e's (e2e.py)
 E2E_DEFAULT_ARMS = ARM_NAMES[:-2]  # ranks2 and ray measure the launchers, not the method: asked for by name
-STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse")  # bench staleness's arms, defined in staleness.py
+# bench staleness's arms, defined in staleness.py; the first four run by default, the rest are asked for by name
+STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse",
+                  "recompute-noclip", "loglinear-noclip", "loglinear-eps04", "loglinear-nodual")
+STALENESS_DEFAULT_ARMS = STALENESS_ARMS[:4]
+REFERENCE = "recompute"  # the arm bench staleness pairs every other arm of a cell with (the exact method)
 # bench staleness's baseline arm, steady-state start and the reason other arms skip eta = 0 (staleness.py)
 BASELINE = "coupled"
 STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (the pipeline filling up)
@@ -275,7 +279,8 @@ class StalenessArgs(TrainBenchArgs):
     etas: list[int] = option([0, 2, 4, 8], "staleness bounds, e.g. 0,2,4,8", ge=0, nonempty=True)
     minibatches: list[int] = option([1, 4], "actor.ppo_n_minibatches values, e.g. 1,4 (reuse runs at 1 only)",
                                     ge=1, nonempty=True)
-    arms: list[str] = option(list(STALENESS_ARMS), "eta = 0 runs the coupled baseline whatever this says",
+    arms: list[str] = option(list(STALENESS_DEFAULT_ARMS), "eta = 0 runs the coupled baseline whatever this says; "
+                             "the clip-free, eps 0.4 and no-dual-clip arms are asked for by name",
                              choices=STALENESS_ARMS, what="arm", nonempty=True)
     all_arms_at_eta0: bool = option(False, "run every arm at eta = 0 too "
                                            "(default: only the coupled baseline, which they all equal there)")

@@ -40,18 +40,51 @@ def mean_spread(xs: list) -> dict:
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
+def t_interval(xs: list[float]) -> dict:
+    """Mean, std and the 95 % Student-t interval of the mean of `xs` (NaN bounds below two values), and whether
+    the interval holds 0: then the data show no measurable difference."""
+    m = statistics.fmean(xs)
+    sd = statistics.stdev(xs) if len(xs) > 1 else math.nan
+    half = T975[min(len(xs) - 1, len(T975)) - 1] * sd / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
+    lo, hi = m - half, m + half
+    return {"values": xs, "n": len(xs), "mean": m, "std": sd, "interval": (lo, hi),
+            "measurable": bool(len(xs) > 1 and (lo > 0 or hi < 0))}
+
+
+def accuracy_interval(solved: list[float]) -> tuple[float, float]:
+    """95 % interval of a mean of per-problem results: Wilson's score interval when each result is 0 or 1 (right
+    at an accuracy of 0 or 1 too), else Student's t over problems, clamped to [0, 1]."""
+    n = len(solved)
+    if n == 0:
+        return math.nan, math.nan
+    if all(x in (0.0, 1.0) for x in solved):
+        z, p = 1.959964, sum(solved) / n
+        centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    lo, hi = t_interval(solved)["interval"]
+    return max(0.0, lo), min(1.0, hi)
+
+
+def paired_differences(runs: list[dict], arm: str, reference: str) -> dict | None:
+    """`arm` against `reference` on the same seeds (each seed: the same held-out problems): per seed the mean over
+    problems of the difference of their final results, then the t-interval over seeds. None without a pair."""
+    per_seed = {}
+    for r in runs:
+        if r.get("ok") and r.get("held_out_final") is not None and r["arm"] in (arm, reference):
+            per_seed.setdefault(r["seed"], {})[r["arm"]] = r["held_out_final"]
+    diffs = [statistics.fmean(a - b for a, b in zip(pair[arm], pair[reference]))
+             for _, pair in sorted(per_seed.items()) if len(pair) == 2 and len(pair[arm]) == len(pair[reference])]
+    return t_interval(diffs) if diffs else None
+
+
 def held_out_gains(runs: list[dict]) -> dict[str, dict]:
     """Per arm: the paired held-out gains (end - start) of its seeds, their mean, std and 95 % t-interval."""
     out = {}
     for arm, rs in _by_arm(runs).items():
         xs = [r["eval_final"] - r["eval_initial"] for r in rs
               if not (math.isnan(r.get("eval_final", math.nan)) or math.isnan(r.get("eval_initial", math.nan)))]
-        if not xs:
-            continue
-        m = statistics.fmean(xs)
-        sd = statistics.stdev(xs) if len(xs) > 1 else math.nan
-        half = T975[min(len(xs) - 1, len(T975)) - 1] * sd / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
-        out[arm] = {"values": xs, "n": len(xs), "mean": m, "std": sd, "interval": (m - half, m + half)}
+        if xs:
+            out[arm] = t_interval(xs)
     return out
 
 

@@ -18,6 +18,15 @@ Arms:
   loglinear  A-3PO: the proximal log-probs interpolated by staleness, no forward pass.
   reuse      p = sg(theta): exact only with one gradient step per sample, so it runs at one
              minibatch only; its cells at other minibatch counts are skipped and listed.
+Asked for by name (--arms), the separating experiments:
+  recompute-noclip, loglinear-noclip   the PPO clip, the dual clip and the behaviour-weight cap
+             all off: at one minibatch both give the same gradient per batch, so a gap between
+             them is the pipeline's, not the method's.
+  loglinear-eps04   A-3PO with eps_clip = 0.4.
+  loglinear-nodual  A-3PO without the dual clip (actor.c_clip = null).
+
+Every arm is paired with `recompute` on the same seed and held-out problems: the paired table
+gives the mean difference of final held-out accuracy and its 95 % t-interval over seeds.
 
 At eta = 0 the pipeline is synchronous: every token is fresh, every decoupled arm's proximal
 policy equals the behaviour one, and its loss reduces to the coupled loss (up to the rounding
@@ -33,17 +42,23 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from a3po.bench.args import BASELINE, REASON_ETA0, STALENESS_ARMS, STEADY_AFTER, StalenessArgs
+from a3po.bench.args import BASELINE, REASON_ETA0, REFERENCE, STALENESS_ARMS, STEADY_AFTER, StalenessArgs
 from a3po.bench.common import json_line, write_json
-from a3po.bench.report import approx_quality, mean_spread
+from a3po.bench.report import approx_quality, mean_spread, paired_differences
 from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, mean, run_benchmark, summarize_run, training_steps
 from a3po.config import Config, ConfigError, load_config
 
+# every bound of the loss off: lower clip 1 - 0.999, upper 1 + 1000, no dual clip, no behaviour-weight cap
+NO_CLIP = ("actor.eps_clip=0.999", "actor.eps_clip_higher=1000", "actor.c_clip=null", "actor.behav_imp_weight_cap=null")
 ARMS = {a.name: a for a in (
     Arm("coupled", "coupled PPO/GRPO (the behaviour policy as proximal)", ("actor.use_decoupled_loss=false",)),
     Arm.trains_with("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)", "metrics"),
     Arm.trains_with("loglinear", "A-3PO, loglinear interpolation", "loglinear"),
     Arm.trains_with("reuse", "p = sg(theta), one minibatch only", "reuse"),
+    Arm.trains_with("recompute-noclip", "recompute, no clip, dual clip or cap", "metrics", *NO_CLIP),
+    Arm.trains_with("loglinear-noclip", "loglinear, no clip, dual clip or cap", "loglinear", *NO_CLIP),
+    Arm.trains_with("loglinear-eps04", "loglinear, eps_clip 0.4", "loglinear", "actor.eps_clip=0.4"),
+    Arm.trains_with("loglinear-nodual", "loglinear, no dual clip", "loglinear", "actor.c_clip=null"),
 )}
 assert tuple(ARMS) == STALENESS_ARMS
 
@@ -237,6 +252,21 @@ def overlap(row: dict, sync: dict | None) -> dict:
     return {"speedup_vs_sync": speedup, "overlap_ceiling": ceiling, "of_ceiling": speedup / ceiling}
 
 
+def paired_table(runs: list[dict]) -> list[dict]:
+    """For each eta and minibatch count, every arm against REFERENCE on the same seeds and held-out problems."""
+    out = []
+    cells = by_cell(runs)
+    for cell, rs in cells.items():
+        ref = Cell(REFERENCE, cell.eta, cell.minibatches)
+        if cell.arm == REFERENCE or ref not in cells:
+            continue
+        diff = paired_differences([*rs, *cells[ref]], cell.arm, REFERENCE)
+        if diff is not None:
+            out.append({"cell": cell.key, "arm": cell.arm, "eta": cell.eta, "minibatches": cell.minibatches,
+                        "reference": REFERENCE, **diff})
+    return out
+
+
 def dist_spread(dists: list[list[float] | None]) -> list[dict] | None:
     """Mean and min..max over seeds of each staleness share (shorter distributions: 0 beyond)."""
     dists = [d for d in dists if d]
@@ -286,7 +316,8 @@ def _skip_record(s: Skipped) -> dict:
 def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float) -> dict:
     from a3po.bench.staleness_report import markdown, plot
 
-    record = {**header, "wall_s": wall_s, "runs": runs, "table": aggregate(runs), "approx": approx_tables(runs)}
+    record = {**header, "wall_s": wall_s, "runs": runs, "table": aggregate(runs), "approx": approx_tables(runs),
+              "paired": paired_table(runs)}
     record["plots"] = plot(record["table"], bench_dir / "plots")
     write_json(bench_dir / RESULTS, record)
     (bench_dir / "results.md").write_text(markdown(record))

@@ -39,6 +39,9 @@ SHARE = "{:.0%}"
 def markdown(record: dict) -> str:
     table = record["table"]
     lines = _header(record) + ["", "## Training", "", *_table(table, TRAINING, speed=True), "", *_training_notes()]
+    if record.get("paired"):
+        lines += ["", f"## Against {record['paired'][0]['reference']}, paired by seed", "",
+                  *_paired_table(record["paired"]), "", *_paired_notes()]
     lines += ["", "## Consumed staleness", "", *_staleness_table(table, record["args"]["etas"]), "",
               *_staleness_notes()]
     if record["approx"]:
@@ -108,6 +111,25 @@ def _table(table: list[dict], columns: tuple, speed: bool = False) -> list[str]:
                       _opt(row.get("of_ceiling"), "{:.0%}")]
         out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def _paired_table(rows: list[dict]) -> list[str]:
+    out = ["| arm | eta | minibatches | seeds | mean difference | per seed | 95 % interval | reading |",
+           "|---|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        lo, hi = r["interval"]
+        interval = "-" if math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
+        reading = ("better" if lo > 0 else "worse") if r["measurable"] else "no measurable difference"
+        out.append(f"| {r['arm']} | {r['eta']} | {r['minibatches']} | {r['n']} | {r['mean']:+.3f} | "
+                   f"{', '.join(f'{x:+.3f}' for x in r['values'])} | {interval} | {reading} |")
+    return out
+
+
+def _paired_notes() -> list[str]:
+    return [("Final held-out accuracy of each arm minus the reference's, on the same seed (same held-out problems, "
+             "and with rollout.lockstep the same staleness at every step): per seed the mean over problems, then the "
+             "mean over seeds and its 95 % Student-t interval. An interval that holds 0 is no measurable "
+             "difference.")]
 
 
 def _opt(x: float | None, fmt: str) -> str:

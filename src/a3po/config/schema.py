@@ -211,6 +211,8 @@ class DatasetConfig:
 class EvalConfig:
     freq_steps: int = opt(8, "evaluate held-out greedy accuracy every this many steps; 0 disables", ge=0)
     size: int = opt(64, "held-out examples (never seen in training)", ge=1)
+    initial: bool = opt(True, "evaluate the initial policy before the first step (false: a study whose runs share "
+                              "their initial model measures it once, e.g. with `a3po eval`)")
 
 
 @dataclass

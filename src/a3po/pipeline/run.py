@@ -220,7 +220,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         sinks = Sinks(run_dir, cfg.logging.tensorboard, cfg.logging.wandb, cfg.logging.wandb_project,
                       to_dict(cfg), resume_step=start_step if resume else None)
         cleanup.callback(sinks.close)
-        if not resume:
+        if not resume and cfg.evaluator.initial:
             say("a3po: evaluating the initial policy on the held-out split ...")
             t0 = time.perf_counter()
             first = _evaluated(evaluate(engine.full_model, tok, data.eval), run_dir, 0)
