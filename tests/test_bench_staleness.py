@@ -15,6 +15,8 @@ for every d, means and spreads over seeds, the plotted lines.
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -415,3 +417,14 @@ def test_paired_differences_pair_each_seed_and_give_a_t_interval():
     runs = [r for r in runs if r["seed"] != 3]
     assert paired_differences(runs, "a", "r")["measurable"]
     assert paired_differences(runs, "a", "missing") is None
+
+
+@pytest.mark.slow
+def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
+    _, _, out, _ = bench
+    (tmp_path / "results.json").write_text((out / "results.json").read_text())
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness_report", str(tmp_path)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in (out / "plots").iterdir())

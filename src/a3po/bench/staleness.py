@@ -38,6 +38,7 @@ with the arms alternating innermost, so that drifting machine load falls on all 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,6 +323,17 @@ def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float
     write_json(bench_dir / RESULTS, record)
     (bench_dir / "results.md").write_text(markdown(record))
     return record
+
+
+DERIVED = ("wall_s", "runs", "table", "approx", "paired", "plots", "out")  # what write_results computes from the runs
+
+
+def regenerate(bench_dir: Path) -> dict:
+    """results.md, the tables and the plots again from the run records in bench_dir/results.json alone (no run
+    folder needed, nothing trains): how a committed study's numbers are reproduced."""
+    record = json.loads((bench_dir / RESULTS).read_text())
+    header = {k: v for k, v in record.items() if k not in DERIVED}
+    return write_results(bench_dir, header, record["runs"], record["wall_s"])
 
 
 def summary_line(record: dict) -> str:

@@ -1,7 +1,12 @@
 """results.md and the plots of `a3po bench staleness` (bench/staleness.py), from its cell table.
 
-Written after every finished run by `a3po bench staleness`; not run directly. The cells'
-arithmetic (pooling, means over seeds) lives in staleness.py, only layout lives here.
+Written after every finished run by `a3po bench staleness`, and again from a folder's
+results.json alone by
+
+    python -m a3po.bench.staleness_report DIR [DIR ...]
+
+(how the committed studies under docs/results/ are regenerated). The cells' arithmetic
+(pooling, means over seeds, pairing) lives in staleness.py, only layout lives here.
 """
 
 from __future__ import annotations
@@ -268,3 +273,13 @@ def _plot_distribution(plt, table: list[dict], path: Path) -> None:
     labels = [f"eta {r['eta']}\n{r['arm']}" + (f" mb{r['minibatches']}" if several_mb else "") for r in rows]
     ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=90)
     save_figure(fig, ax, path, "cell", "share of trained tokens", legend_outside=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from a3po.bench.staleness import regenerate
+
+    for folder in sys.argv[1:] or ["."]:
+        regenerate(Path(folder))
+        print(f"wrote {Path(folder) / 'results.md'}")
