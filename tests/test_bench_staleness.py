@@ -428,3 +428,26 @@ def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in (out / "plots").iterdir())
+
+
+def test_a_key_added_since_a_run_was_recorded_continues_it_only_at_its_default():
+    import copy
+
+    import yaml
+
+    from a3po.bench.runs import same_configuration
+    from a3po.config import Config, dump_yaml
+
+    now = yaml.safe_load(dump_yaml(Config()))
+    before = copy.deepcopy(now)
+    del before["rollout"]["lockstep"]  # recorded before the key existed
+    assert same_configuration(before, now)
+    changed = copy.deepcopy(now)
+    changed["rollout"]["lockstep"] = True
+    assert not same_configuration(before, changed)
+    old_default = copy.deepcopy(now)
+    old_default["actor"]["c_clip"] = None  # a default that changed since: not the same run
+    assert not same_configuration(old_default, now)
+    gone = copy.deepcopy(now)
+    gone["actor"]["removed_key"] = 1
+    assert not same_configuration(gone, now) and not same_configuration(None, now)

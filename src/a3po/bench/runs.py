@@ -277,12 +277,35 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
         key = key_of(r)
         if key not in header["configs"]:
             continue  # a run this invocation does not ask for
-        if old["configs"].get(key) != header["configs"][key]:
+        if not same_configuration(old["configs"].get(key), header["configs"][key]):
             raise ConfigError(f"--out {bench_dir}: its run {key} used a different configuration; "
                               "choose a new --out (or delete it)")
         if r.get("ok"):
             keep.append(r)
     return keep, old.get("wall_s") or 0.0
+
+
+def same_configuration(old: dict | None, new: dict) -> bool:
+    """Would `new` repeat the run recorded with `old`? Equal, except that a key the old record lacks (added to
+    a3po since) counts as the same when `new` holds its default: a key's default keeps the behaviour from before
+    it existed. A changed default is a different configuration."""
+    if old is None:
+        return False
+    defaults = yaml.safe_load(dump_yaml(Config()))
+
+    def same(o: dict, n: dict, d: dict) -> bool:
+        for k, v in n.items():
+            if k not in o:
+                if not (isinstance(d, dict) and k in d and d[k] == v):
+                    return False
+            elif isinstance(v, dict) and isinstance(o[k], dict):
+                if not same(o[k], v, d.get(k, {}) if isinstance(d, dict) else {}):
+                    return False
+            elif o[k] != v:
+                return False
+        return all(k in n for k in o)
+
+    return same(old, new, defaults)
 
 
 def machine() -> dict:
