@@ -134,7 +134,8 @@ def test_writes_tables_json_plots_and_a_json_last_line(bench):
     md = (out / "results.md").read_text()
     for part in ("# a3po bench staleness", "Command: `a3po bench staleness --preset tiny", "## Training",
                  "## Consumed staleness", "## Proximal approximation error",
-                 "## Against recompute, paired by seed", "### eta = 2, 1 minibatch",
+                 "## Against recompute, paired by seed",
+                 "## Where the clip and the cap act, by staleness", "### eta = 2, 1 minibatch",
                  "| loglinear | 2 | 1 |", "prox_logp_method=metrics", "](plots/accuracy_vs_eta.png)", "torch "):
         assert part in md, part
     *printed, last = res.stdout.rstrip("\n").split("\n")
@@ -451,3 +452,15 @@ def test_a_key_added_since_a_run_was_recorded_continues_it_only_at_its_default()
     gone = copy.deepcopy(now)
     gone["actor"]["removed_key"] = 1
     assert not same_configuration(gone, now) and not same_configuration(None, now)
+
+
+def test_per_staleness_fractions_pool_steps_by_the_tokens_at_that_staleness():
+    from a3po.bench.staleness import by_staleness
+
+    steps = [
+        {"train/n_tokens": 100, "stale/frac_d0": 1.0, "loss/clipped_frac_d0": 0.1},
+        {"train/n_tokens": 100, "stale/frac_d0": 0.5, "stale/frac_d2": 0.5,
+         "loss/clipped_frac_d0": 0.4, "loss/clipped_frac_d2": 0.2},
+    ]
+    # d = 0: (100 x 0.1 + 50 x 0.4) / 150; d = 1: no token; d = 2: 0.2
+    assert by_staleness(steps, "loss/clipped_frac_d", 2) == pytest.approx([0.2, None, 0.2])

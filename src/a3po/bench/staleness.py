@@ -46,7 +46,18 @@ from pathlib import Path
 from a3po.bench.args import BASELINE, REASON_ETA0, REFERENCE, STALENESS_ARMS, STEADY_AFTER, StalenessArgs
 from a3po.bench.common import json_line, write_json
 from a3po.bench.report import approx_quality, mean_spread, paired_differences
-from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, mean, run_benchmark, summarize_run, training_steps
+from a3po.bench.runs import (
+    RESULTS,
+    Arm,
+    Benchmark,
+    PlannedRun,
+    held_out,
+    mean,
+    read_metrics,
+    run_benchmark,
+    summarize_run,
+    training_steps,
+)
 from a3po.config import Config, ConfigError, load_config
 
 # every bound of the loss off: lower clip 1 - 0.999, upper 1 + 1000, no dual clip, no behaviour-weight cap
@@ -155,7 +166,22 @@ def summarize(rows: list[dict], cfg: Config) -> dict:
         "groups_ahead": mean(col("rollout/groups_ahead")),
         "mismatch_k3": mean(col("mismatch/k3")),
         "mismatch_abs_mean": mean(col("mismatch/abs_mean")),
+        "clipped_by_d": by_staleness(steps, "loss/clipped_frac_d", eta),
+        "capped_by_d": by_staleness(steps, "loss/behav_capped_frac_d", eta),
+        "grad_share_neg_low_d": mean(col("loss/grad_share_neg_low_d")),
     }
+
+
+def by_staleness(steps: list[dict], prefix: str, eta: int) -> list[float | None]:
+    """A per-staleness fraction (`<prefix><k>`) pooled over steps by the tokens at that staleness, for every
+    d = 0..eta (None where no step had a token of that staleness)."""
+    out = []
+    for k in range(eta + 1):
+        pairs = [(r.get("train/n_tokens", 1.0) * r.get(f"stale/frac_d{k}", 0.0), r[f"{prefix}{k}"])
+                 for r in steps if f"{prefix}{k}" in r]
+        total = sum(w for w, _ in pairs)
+        out.append(sum(w * x for w, x in pairs) / total if total else None)
+    return out
 
 
 def of_bottleneck(steps: list[dict]) -> float:
@@ -333,7 +359,18 @@ def regenerate(bench_dir: Path) -> dict:
     folder needed, nothing trains): how a committed study's numbers are reproduced."""
     record = json.loads((bench_dir / RESULTS).read_text())
     header = {k: v for k, v in record.items() if k not in DERIVED}
-    return write_results(bench_dir, header, record["runs"], record["wall_s"])
+    return write_results(bench_dir, header, [resummarized(r) for r in record["runs"]], record["wall_s"])
+
+
+def resummarized(run: dict) -> dict:
+    """A run's record summarised again from its metrics when its folder is still there (a summary added since it
+    ran then appears), else as recorded."""
+    run_dir = Path(run.get("run_dir") or "/nonexistent")
+    if not run.get("ok") or not (run_dir / "metrics.jsonl").exists() or not (run_dir / "config.yaml").exists():
+        return run
+    cfg = load_config(run_dir / "config.yaml")
+    return {**run, **summarize(read_metrics(run_dir / "metrics.jsonl"), cfg),
+            **held_out(run_dir, cfg.total_train_steps)}
 
 
 def summary_line(record: dict) -> str:

@@ -47,6 +47,9 @@ def markdown(record: dict) -> str:
     if record.get("paired"):
         lines += ["", f"## Against {record['paired'][0]['reference']}, paired by seed", "",
                   *_paired_table(record["paired"]), "", *_paired_notes()]
+    if any(any(x is not None for x in r.get("clipped_by_d") or []) for r in record["runs"]):
+        lines += ["", "## Where the clip and the cap act, by staleness", "", *_by_d_table(record), "",
+                  *_by_d_notes()]
     lines += ["", "## Consumed staleness", "", *_staleness_table(table, record["args"]["etas"]), "",
               *_staleness_notes()]
     if record["approx"]:
@@ -128,6 +131,39 @@ def _paired_table(rows: list[dict]) -> list[str]:
         out.append(f"| {r['arm']} | {r['eta']} | {r['minibatches']} | {r['n']} | {r['mean']:+.3f} | "
                    f"{', '.join(f'{x:+.3f}' for x in r['values'])} | {interval} | {reading} |")
     return out
+
+
+def _by_d_table(record: dict) -> list[str]:
+    """Per cell: clipped and capped fractions at each staleness d (means over seeds), and the gradient share."""
+    cells: dict[str, list[dict]] = {}
+    for r in record["runs"]:
+        if r.get("ok") and r.get("clipped_by_d") is not None:
+            cells.setdefault(f"{r['arm']}|{r['eta']}|{r['minibatches']}", []).append(r)
+    top = max(len(r["clipped_by_d"]) for rs in cells.values() for r in rs)
+    out = ["| arm | eta | minibatches | " + " | ".join(f"d = {d}" for d in range(top)) + " | A < 0, d <= 2 share |",
+           "|---|---:|---:|" + "---|" * top + "---:|"]
+    for key, rs in cells.items():
+        parts = []
+        for d in range(top):
+            c, k = _seed_mean(rs, "clipped_by_d", d), _seed_mean(rs, "capped_by_d", d)
+            parts.append("-" if c is None else f"{c:.2%} / {k:.2%}")
+        shares = [r["grad_share_neg_low_d"] for r in rs if r.get("grad_share_neg_low_d") is not None]
+        share = f"{sum(shares) / len(shares):.1%}" if shares else "-"
+        out.append(f"| {' | '.join(key.split('|'))} | {' | '.join(parts)} | {share} |")
+    return out
+
+
+def _seed_mean(runs: list[dict], field: str, d: int) -> float | None:
+    xs = [r[field][d] for r in runs if d < len(r[field]) and r[field][d] is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _by_d_notes() -> list[str]:
+    return [("Per staleness d: the share of that staleness's tokens where the PPO clip won / where the behaviour "
+             "weight exp(p - b) passed its cap (`loss/clipped_frac_d<k>`, `loss/behav_capped_frac_d<k>`), pooled "
+             "over steps by tokens, mean over seeds; '-': no token of that staleness. Last column: the share of the "
+             "update's per-token weight |dloss/dtheta_t| on tokens with A < 0 and d <= 2 "
+             "(`loss/grad_share_neg_low_d`), mean over steps and seeds.")]
 
 
 def _paired_notes() -> list[str]:
