@@ -179,11 +179,11 @@ def test_bench_e2e_with_seeds_continues_where_it_stopped(tmp_path):
     again = json.loads((tmp_path / "b" / "results.json").read_text())
     assert [r for r in again["runs"] if (r["arm"], r["seed"]) != ("sync", 2)] == kept
     assert len(again["runs"]) == 4
-    # fewer seeds: nothing to run, the table holds the asked-for seed only
+    # fewer seeds: nothing to run, and the other seed's runs are kept (a study grows over invocations)
     res = a3po(*args[:-4], "--seeds", "1", "--out", "b", cwd=tmp_path)
-    assert res.returncode == 0 and "2 already done" in res.stderr
+    assert res.returncode == 0 and "2 already done; 2 more kept from earlier invocations" in res.stderr
     assert {r["arm"]: r
-            for r in json.loads((tmp_path / "b" / "results.json").read_text())["table"]}["sync"]["seeds"] == [1]
+            for r in json.loads((tmp_path / "b" / "results.json").read_text())["table"]}["sync"]["seeds"] == [1, 2]
     # a different configuration in the same folder is refused (overrides after options are fine)
     res = a3po(*args, "actor.optimizer.lr=0.1", cwd=tmp_path)
     assert res.returncode == 2 and "different configuration" in res.stderr, res.stderr

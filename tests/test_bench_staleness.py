@@ -156,6 +156,23 @@ def test_a_finished_benchmark_is_continued_without_running_again(bench):
     assert again["runs"] == rec["runs"] and again["wall_s"] >= rec["wall_s"]
 
 
+@pytest.mark.slow
+def test_a_continuation_asking_for_part_of_a_study_keeps_the_rest(bench, tmp_path):
+    _, cwd, out, rec = bench
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "results.json").write_text((out / "results.json").read_text())
+    res = a3po("bench", "staleness", *TINY, "--etas", "2", "--minibatches", "1", "--arms", "loglinear",
+               "--out", str(part), cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "1 already done" in res.stderr
+    again = json.loads((part / "results.json").read_text())
+    assert again["runs"] == rec["runs"]  # nothing ran, nothing was dropped
+    assert len(again["commands"]) == 2 and again["commands"][1].endswith(f"--out {part}")
+    md = (part / "results.md").read_text()
+    assert "Commands (each continued the same folder):" in md and "arms coupled, recompute, loglinear, reuse" in md
+
+
 def test_a_cell_the_configuration_refuses_stops_everything_before_running(tmp_path):
     # a behaviour-weight cap means nothing to the coupled loss: the baseline cell refuses it
     res = a3po("bench", "staleness", *TINY, "actor.behav_imp_weight_cap=3", "--etas", "0,2", cwd=tmp_path)

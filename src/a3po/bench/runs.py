@@ -219,8 +219,9 @@ def run_benchmark(bench: Benchmark, args: TrainBenchArgs, argv: list[str]) -> tu
         bench_dir.mkdir(parents=True, exist_ok=True)
     else:
         bench_dir = unique_dir(Path(plan[0].cfg.fileroot) / f"bench-{bench.name}")
+    command = shlex.join(["a3po", "bench", bench.name, *argv])
     header = {
-        "benchmark": bench.name, "command": shlex.join(["a3po", "bench", bench.name, *argv]),
+        "benchmark": bench.name, "command": command, "commands": [command],
         "args": asdict(args), **machine(),
         "configs": {p.key: yaml.safe_load(dump_yaml(p.cfg)) for p in plan},
     }
@@ -230,10 +231,15 @@ def run_benchmark(bench: Benchmark, args: TrainBenchArgs, argv: list[str]) -> tu
     done, earlier_s = _load_previous(bench_dir, header, bench.key_of)
     finished = {bench.key_of(r) for r in done}
     runs = list(done)
-    order = {p.key: i for i, p in enumerate(plan)}
+    # finished runs keep their place; this invocation's new runs follow in plan order
+    order = {k: i for i, k in enumerate([*(bench.key_of(r) for r in done),
+                                         *(p.key for p in plan if p.key not in finished)])}
     name = f"bench {bench.name}"
+    planned_done = len(finished & {p.key for p in plan})
     progress(f"{name}: {len(plan)} runs ({bench.description}) in {bench_dir}"
-             + (f"; {len(finished)} already done" if finished else ""))
+             + (f"; {planned_done} already done" if planned_done else "")
+             + (f"; {len(finished) - planned_done} more kept from earlier invocations"
+                if len(finished) > planned_done else ""))
     status = 0
     t_start = time.perf_counter() - earlier_s  # the benchmark's wall time counts every invocation
 
@@ -262,9 +268,11 @@ def run_benchmark(bench: Benchmark, args: TrainBenchArgs, argv: list[str]) -> tu
 
 
 def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str]) -> tuple[list[dict], float]:
-    """Finished runs of an earlier invocation on the same folder that this one would repeat
-    exactly (same key and configuration), and the time it spent; any other configuration
-    is refused, so that one table never mixes two."""
+    """Finished runs of earlier invocations on the same folder, and the time they spent. A run this
+    invocation plans too must have been made with the same configuration (same_configuration;
+    anything else is refused, so that one table never mixes two); a run it does not plan is kept
+    with its own configuration, so a study grows over invocations that each ask for a part.
+    The header gains their configurations and `commands`, every invocation's command line."""
     path = bench_dir / RESULTS
     if not path.exists():
         return [], 0.0
@@ -272,11 +280,16 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
     if old.get("benchmark", header["benchmark"]) != header["benchmark"]:
         raise ConfigError(f"--out {bench_dir}: it holds a bench {old['benchmark']}, not a bench {header['benchmark']}; "
                           "choose a new --out")
+    commands = old.get("commands") or [old["command"]]
+    header["commands"] = [*commands, *([header["command"]] if header["command"] not in commands else [])]
     keep = []
     for r in old.get("runs", []):
         key = key_of(r)
-        if key not in header["configs"]:
-            continue  # a run this invocation does not ask for
+        if key not in header["configs"]:  # a run this invocation does not ask for: kept as it was
+            if r.get("ok") and key in old.get("configs", {}):
+                header["configs"][key] = old["configs"][key]
+                keep.append(r)
+            continue
         if not same_configuration(old["configs"].get(key), header["configs"][key]):
             raise ConfigError(f"--out {bench_dir}: its run {key} used a different configuration; "
                               "choose a new --out (or delete it)")

@@ -70,18 +70,25 @@ def _header(record: dict) -> list[str]:
     cfg = next(iter(record["configs"].values()))
     a, g, d = cfg["actor"], cfg["gconfig"], cfg["train_dataset"]
     bf16 = "with" if record["avx512_bf16"] else "without"
+    commands = record.get("commands") or [record["command"]]
+    runs = [r for r in record["runs"] if r.get("ok")] or [{"eta": e, "minibatches": m, "arm": x, "seed": 0}
+                                                         for e in args["etas"] for m in args["minibatches"]
+                                                         for x in args["arms"]]
+    n_seeds = len({r["seed"] for r in runs}) if record["runs"] else args["seeds"]
     lines = [
         "# a3po bench staleness",
         "",
-        f"Command: `{record['command']}`",
+        *([f"Command: `{commands[0]}`"] if len(commands) == 1 else
+          ["Commands (each continued the same folder):", "", *(f"- `{c}`" for c in commands)]),
         "",
         (f"Machine: {record['cpu_model']} ({bf16} AVX512-BF16), {record['cpu_count']} CPUs, torch {record['torch']}; "
          f"benchmark wall time {record['wall_s'] / 60:.1f} min."),
         "",
         f"Model `{a['path']}`, task {task_line(d)}, {cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
-        f"{g['n_samples']} samples; eta (`rollout.max_head_offpolicyness`) {_csv(args['etas'])}, "
-        f"minibatches (`actor.ppo_n_minibatches`) {_csv(args['minibatches'])}, arms {', '.join(args['arms'])}; "
-        f"{args['seeds']} seed(s)" + (" (cells: mean (min..max) over seeds)" if args["seeds"] > 1 else "") + ".",
+        f"{g['n_samples']} samples; eta (`rollout.max_head_offpolicyness`) {_csv(sorted({r['eta'] for r in runs}))}, "
+        f"minibatches (`actor.ppo_n_minibatches`) {_csv(sorted({r['minibatches'] for r in runs}))}, arms "
+        f"{', '.join(dict.fromkeys(r['arm'] for r in runs))}; "
+        f"{n_seeds} seed(s)" + (" (cells: mean (min..max) over seeds)" if n_seeds > 1 else "") + ".",
         "",
         ("Arms: `coupled` = coupled PPO/GRPO (`actor.use_decoupled_loss=false`); `recompute` = decoupled PPO with the "
          "proximal log-probs recomputed, run as `prox_logp_method=metrics`: it trains exactly like recompute (the "
