@@ -134,7 +134,7 @@ def test_writes_tables_json_plots_and_a_json_last_line(bench):
     md = (out / "results.md").read_text()
     for part in ("# a3po bench staleness", "Command: `a3po bench staleness --preset tiny", "## Training",
                  "## Consumed staleness", "## Proximal approximation error",
-                 "## Against recompute, paired by seed",
+                 "## Against recompute (and variants against their arm), paired by seed",
                  "## Where the clip and the cap act, by staleness", "### eta = 2, 1 minibatch",
                  "| loglinear | 2 | 1 |", "prox_logp_method=metrics", "](plots/accuracy_vs_eta.png)", "torch "):
         assert part in md, part
@@ -481,3 +481,16 @@ def test_per_staleness_fractions_pool_steps_by_the_tokens_at_that_staleness():
     ]
     # d = 0: (100 x 0.1 + 50 x 0.4) / 150; d = 1: no token; d = 2: 0.2
     assert by_staleness(steps, "loss/clipped_frac_d", 2) == pytest.approx([0.2, None, 0.2])
+
+
+def test_variants_are_paired_with_the_arm_they_vary_as_well_as_with_recompute():
+    from a3po.bench.staleness import paired_table
+
+    def run(arm, seed, solved):
+        return {"ok": True, "arm": arm, "eta": 8, "minibatches": 1, "seed": seed, "held_out_final": solved}
+
+    runs = [run(arm, s, solved) for s in (1, 2) for arm, solved in
+            (("recompute", [0, 0]), ("recompute-noclip", [1, 0]), ("loglinear-noclip", [1, 1]))]
+    pairs = {(r["arm"], r["reference"]): r["mean"] for r in paired_table(runs)}
+    assert pairs == {("recompute-noclip", "recompute"): 0.5, ("loglinear-noclip", "recompute"): 1.0,
+                     ("loglinear-noclip", "recompute-noclip"): 0.5}

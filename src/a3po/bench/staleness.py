@@ -279,18 +279,24 @@ def overlap(row: dict, sync: dict | None) -> dict:
     return {"speedup_vs_sync": speedup, "overlap_ceiling": ceiling, "of_ceiling": speedup / ceiling}
 
 
+# the arm a variant differs from in one setting, compared with it besides REFERENCE
+VARIANT_OF = {"loglinear-noclip": "recompute-noclip", "loglinear-nodual": "loglinear", "loglinear-eps04": "loglinear"}
+
+
 def paired_table(runs: list[dict]) -> list[dict]:
-    """For each eta and minibatch count, every arm against REFERENCE on the same seeds and held-out problems."""
+    """For each eta and minibatch count, every arm against REFERENCE, and a variant against the arm it varies
+    (VARIANT_OF), on the same seeds and held-out problems."""
     out = []
     cells = by_cell(runs)
     for cell, rs in cells.items():
-        ref = Cell(REFERENCE, cell.eta, cell.minibatches)
-        if cell.arm == REFERENCE or ref not in cells:
-            continue
-        diff = paired_differences([*rs, *cells[ref]], cell.arm, REFERENCE)
-        if diff is not None:
-            out.append({"cell": cell.key, "arm": cell.arm, "eta": cell.eta, "minibatches": cell.minibatches,
-                        "reference": REFERENCE, **diff})
+        for reference in dict.fromkeys([REFERENCE, VARIANT_OF.get(cell.arm, REFERENCE)]):
+            ref = Cell(reference, cell.eta, cell.minibatches)
+            if cell.arm == reference or ref not in cells:
+                continue
+            diff = paired_differences([*rs, *cells[ref]], cell.arm, reference)
+            if diff is not None:
+                out.append({"cell": cell.key, "arm": cell.arm, "eta": cell.eta, "minibatches": cell.minibatches,
+                            "reference": reference, **diff})
     return out
 
 

@@ -45,7 +45,7 @@ def markdown(record: dict) -> str:
     table = record["table"]
     lines = _header(record) + ["", "## Training", "", *_table(table, TRAINING, speed=True), "", *_training_notes()]
     if record.get("paired"):
-        lines += ["", f"## Against {record['paired'][0]['reference']}, paired by seed", "",
+        lines += ["", "## Against recompute (and variants against their arm), paired by seed", "",
                   *_paired_table(record["paired"]), "", *_paired_notes()]
     if any(any(x is not None for x in r.get("clipped_by_d") or []) for r in record["runs"]):
         lines += ["", "## Where the clip and the cap act, by staleness", "", *_by_d_table(record), "",
@@ -129,13 +129,14 @@ def _table(table: list[dict], columns: tuple, speed: bool = False) -> list[str]:
 
 
 def _paired_table(rows: list[dict]) -> list[str]:
-    out = ["| arm | eta | minibatches | seeds | mean difference | per seed | 95 % interval | reading |",
-           "|---|---:|---:|---:|---:|---|---|---|"]
+    out = ["| arm | against | eta | minibatches | seeds | mean difference | per seed | 95 % interval | reading |",
+           "|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         lo, hi = r["interval"]
         interval = "-" if math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
-        reading = ("better" if lo > 0 else "worse") if r["measurable"] else "no measurable difference"
-        out.append(f"| {r['arm']} | {r['eta']} | {r['minibatches']} | {r['n']} | {r['mean']:+.3f} | "
+        reading = ("identical on every seed" if all(x == 0 for x in r["values"]) else
+                   ("better" if lo > 0 else "worse") if r["measurable"] else "no measurable difference")
+        out.append(f"| {r['arm']} | {r['reference']} | {r['eta']} | {r['minibatches']} | {r['n']} | {r['mean']:+.3f} | "
                    f"{', '.join(f'{x:+.3f}' for x in r['values'])} | {interval} | {reading} |")
     return out
 
