@@ -494,3 +494,12 @@ def test_variants_are_paired_with_the_arm_they_vary_as_well_as_with_recompute():
     pairs = {(r["arm"], r["reference"]): r["mean"] for r in paired_table(runs)}
     assert pairs == {("recompute-noclip", "recompute"): 0.5, ("loglinear-noclip", "recompute"): 1.0,
                      ("loglinear-noclip", "recompute-noclip"): 0.5}
+
+
+def test_a_run_without_an_initial_evaluation_has_no_initial_accuracy():
+    from a3po.bench.runs import summarize_run
+
+    rows = [{"step": 1, "stale/max": 0, "perf/step_s": 1.0, "rollout/reward_mean": 0.5, "loss/clipped_frac": 0.0,
+             "train/n_tokens": 10, "eval/accuracy": 0.25}]
+    out = summarize_run(rows)
+    assert math.isnan(out["eval_initial"]) and out["eval_final"] == 0.25

@@ -185,9 +185,10 @@ def summarize_run(rows: list[dict], cfg: Config | None = None) -> dict:
         "ranks_sync_s_per_step": mean(col("perf/ranks_sync_s")),  # nan with one trainer rank
         "reward_final": mean(r["rollout/reward_mean"] for r in tail),
         "reward_mean": mean(col("rollout/reward_mean")),
-        "eval_initial": evals[0]["eval/accuracy"] if evals else math.nan,
+        "eval_initial": evals[0]["eval/accuracy"] if evals and evals[0]["step"] == 0 else math.nan,
         "eval_final": evals[-1]["eval/accuracy"] if evals and evals[-1]["step"] == len(steps) else math.nan,
-        "tool_use_initial": evals[0].get("eval/tool_use_frac", math.nan) if evals else math.nan,
+        "tool_use_initial": evals[0].get("eval/tool_use_frac", math.nan) if evals and evals[0]["step"] == 0
+        else math.nan,
         "tool_use_final": evals[-1].get("eval/tool_use_frac", math.nan) if evals and evals[-1]["step"] == len(steps)
         else math.nan,
         "ratio_max": max(col("loss/ratio_max"), default=math.nan),

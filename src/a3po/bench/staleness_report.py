@@ -94,7 +94,7 @@ def _header(record: dict) -> list[str]:
          "proximal log-probs recomputed, run as `prox_logp_method=metrics`: it trains exactly like recompute (the "
          "recomputed log-probs are what trains) and also logs every approximation's error against them, which gives "
          "the approximation-error table below (its time includes that logging); `loglinear` = A-3PO; `reuse` = "
-         "p = sg(theta)."),
+         "p = sg(theta)." + _variant_arms(runs)),
         "",
         f"At eta = 0 only the `{BASELINE}` arm runs" + (" by default" if not args["all_arms_at_eta0"] else "")
         + ": the pipeline is synchronous, every decoupled arm's proximal policy equals the behaviour one and its loss "
@@ -105,6 +105,14 @@ def _header(record: dict) -> list[str]:
     if skipped:
         lines += ["", "Skipped cells: " + ", ".join(f"`{s['cell']}`" for s in skipped) + f" ({skipped[0]['reason']})."]
     return lines
+
+
+def _variant_arms(runs: list[dict]) -> str:
+    from a3po.bench.args import STALENESS_DEFAULT_ARMS
+    from a3po.bench.staleness import ARMS
+
+    extra = [a for a in dict.fromkeys(r["arm"] for r in runs) if a not in STALENESS_DEFAULT_ARMS and a in ARMS]
+    return "".join(f" `{a}` = {ARMS[a].label} (`{' '.join(ARMS[a].overrides)}`)." for a in extra)
 
 
 def _csv(xs: list) -> str:
