@@ -441,7 +441,7 @@ def test_paired_differences_pair_each_seed_and_give_a_t_interval():
 def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     _, _, out, _ = bench
     (tmp_path / "results.json").write_text((out / "results.json").read_text())
-    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness_report", str(tmp_path)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", str(tmp_path)], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()

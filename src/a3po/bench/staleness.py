@@ -7,6 +7,7 @@ other key is the same for all runs (--preset, --config and key=value apply to ea
 
     a3po bench staleness                                   # eta 0,2,4,8 x minibatches 1,4 x all arms
     a3po bench staleness --preset tiny total_train_steps=4 --etas 0,2 --minibatches 1   # a quick look
+    python -m a3po.bench.staleness DIR    # results.md and plots again from DIR/results.json, nothing trains
 
 Arms:
   coupled    actor.use_decoupled_loss=false: coupled asynchronous PPO/GRPO, the behaviour
@@ -349,15 +350,17 @@ def _skip_record(s: Skipped) -> dict:
 def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float) -> dict:
     from a3po.bench.staleness_report import markdown, plot
 
-    record = {**header, "wall_s": wall_s, "runs": runs, "table": aggregate(runs), "approx": approx_tables(runs),
-              "paired": paired_table(runs)}
+    labels = {a.name: f"{a.label} (`{' '.join(a.overrides)}`)" for a in ARMS.values()}
+    record = {**header, "arm_labels": labels, "wall_s": wall_s, "runs": runs, "table": aggregate(runs),
+              "approx": approx_tables(runs), "paired": paired_table(runs)}
     record["plots"] = plot(record["table"], bench_dir / "plots")
     write_json(bench_dir / RESULTS, record)
     (bench_dir / "results.md").write_text(markdown(record))
     return record
 
 
-DERIVED = ("wall_s", "runs", "table", "approx", "paired", "plots", "out")  # what write_results computes from the runs
+# what write_results computes from the runs
+DERIVED = ("arm_labels", "wall_s", "runs", "table", "approx", "paired", "plots", "out")
 
 
 def regenerate(bench_dir: Path) -> dict:
@@ -396,3 +399,11 @@ def main(args: StalenessArgs, argv: list[str]) -> int:
     print((Path(record["out"]) / "results.md").read_text())
     print(summary_line(record))
     return status
+
+
+if __name__ == "__main__":  # python -m a3po.bench.staleness DIR [DIR ...]: regenerate, train nothing
+    import sys
+
+    for folder in sys.argv[1:] or ["."]:
+        regenerate(Path(folder))
+        print(f"wrote {Path(folder) / 'results.md'}")

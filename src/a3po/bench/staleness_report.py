@@ -1,12 +1,8 @@
 """results.md and the plots of `a3po bench staleness` (bench/staleness.py), from its cell table.
 
 Written after every finished run by `a3po bench staleness`, and again from a folder's
-results.json alone by
-
-    python -m a3po.bench.staleness_report DIR [DIR ...]
-
-(how the committed studies under docs/results/ are regenerated). The cells' arithmetic
-(pooling, means over seeds, pairing) lives in staleness.py, only layout lives here.
+results.json alone by `python -m a3po.bench.staleness DIR` (staleness.py). The cells'
+arithmetic (pooling, means over seeds, pairing) lives in staleness.py, only layout lives here.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from a3po.bench.args import BASELINE, REASON_ETA0, STEADY_AFTER
+from a3po.bench.args import BASELINE, REASON_ETA0, STALENESS_DEFAULT_ARMS, STEADY_AFTER
 from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, save_figure, task_line
 
 # (key in a cell row, column title, format)
@@ -94,7 +90,7 @@ def _header(record: dict) -> list[str]:
          "proximal log-probs recomputed, run as `prox_logp_method=metrics`: it trains exactly like recompute (the "
          "recomputed log-probs are what trains) and also logs every approximation's error against them, which gives "
          "the approximation-error table below (its time includes that logging); `loglinear` = A-3PO; `reuse` = "
-         "p = sg(theta)." + _variant_arms(runs)),
+         "p = sg(theta)." + _variant_arms(record, runs)),
         "",
         f"At eta = 0 only the `{BASELINE}` arm runs" + (" by default" if not args["all_arms_at_eta0"] else "")
         + ": the pipeline is synchronous, every decoupled arm's proximal policy equals the behaviour one and its loss "
@@ -107,12 +103,10 @@ def _header(record: dict) -> list[str]:
     return lines
 
 
-def _variant_arms(runs: list[dict]) -> str:
-    from a3po.bench.args import STALENESS_DEFAULT_ARMS
-    from a3po.bench.staleness import ARMS
-
-    extra = [a for a in dict.fromkeys(r["arm"] for r in runs) if a not in STALENESS_DEFAULT_ARMS and a in ARMS]
-    return "".join(f" `{a}` = {ARMS[a].label} (`{' '.join(ARMS[a].overrides)}`)." for a in extra)
+def _variant_arms(record: dict, runs: list[dict]) -> str:
+    labels = record.get("arm_labels", {})
+    extra = [a for a in dict.fromkeys(r["arm"] for r in runs) if a not in STALENESS_DEFAULT_ARMS and a in labels]
+    return "".join(f" `{a}` = {labels[a]}." for a in extra)
 
 
 def _csv(xs: list) -> str:
@@ -326,12 +320,3 @@ def _plot_distribution(plt, table: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=90)
     save_figure(fig, ax, path, "cell", "share of trained tokens", legend_outside=True)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from a3po.bench.staleness import regenerate
-
-    for folder in sys.argv[1:] or ["."]:
-        regenerate(Path(folder))
-        print(f"wrote {Path(folder) / 'results.md'}")
