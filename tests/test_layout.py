@@ -9,7 +9,7 @@ Layers, lowest first (a module may import its own package and any lower layer, n
     process   rollout, sync, trainer                one process kind each (sync: between them)
     launch    starting those processes, locally or on Ray
     pipeline  the run: admission, the worker pool, the loop, evaluation, logs
-    entry     bench, cli, heldout (`a3po eval`)
+    entry     bench, cli, heldout (`a3po eval`), export (`a3po export`)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ LAYERS = [
     {"rollout", "sync", "trainer"},
     {"launch"},
     {"pipeline"},
-    {"bench", "cli", "heldout"},
+    {"bench", "cli", "export", "heldout"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

@@ -2,6 +2,7 @@
 
     a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
     a3po eval RUN_OR_MODEL [--samples K] [key=value ...]   held-out accuracy with its interval
+    a3po export RUN_OR_CHECKPOINT --out DIR       one plain model folder (a LoRA adapter folded in)
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
     a3po bench rollout [options]                   rollout tokens/s per engine and dtype, log-prob gap
@@ -106,6 +107,21 @@ def _eval(args) -> int:
         return bad_input("error", e)
 
 
+def _export(args) -> int:
+    from a3po.config import ConfigError
+    from a3po.models import ModelSourceError
+    from a3po.trainer.checkpoint import CheckpointError
+
+    with signals.deferred():
+        from a3po import export
+    try:
+        return export.main(args.target, args.out)
+    except (ConfigError, CheckpointError) as e:
+        return bad_input("config error", e)
+    except (ModelSourceError, ValueError) as e:
+        return bad_input("error", e)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a3po",
@@ -142,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "a problem counting the share of them that solve it")
     ev.add_argument("--out", metavar="FILE", help="where the JSON record goes (default: <run>/eval_step<N>.json "
                                                   "for a run, ./a3po-eval.json for a model)")
+
+    ex = sub.add_parser("export", help="one plain model folder from a run (a LoRA adapter folded into its base)",
+                        description="Write a run's newest checkpoint (or the one given) as a plain Hugging Face "
+                                    "model folder with its tokenizer; a LoRA run's adapter is folded into the "
+                                    "run's base model.")
+    ex.add_argument("target", metavar="RUN_OR_CHECKPOINT", help="a run folder or one of its checkpoints")
+    ex.add_argument("--out", required=True, metavar="DIR", help="the new model folder")
 
     show = sub.add_parser("config", help="print the resolved configuration as YAML", epilog=keys_help(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -201,6 +224,8 @@ def _main(argv: list[str] | None) -> int:
             return bad_input("config error", e)
     if args.command == "eval":
         return _eval(args)
+    if args.command == "export":
+        return _export(args)
     try:
         if getattr(args, "resume", None):
             if args.config or args.preset:

@@ -70,7 +70,7 @@ def evaluate(t: Target, samples: int) -> dict:
 
     from a3po.data import build_reward, load_task
     from a3po.envs import build_env
-    from a3po.models import load_policy
+    from a3po.models import load_policy, lora
     from a3po.pipeline.evaluate import Evaluator
     from a3po.rollout.worker import Scoring
 
@@ -79,7 +79,10 @@ def evaluate(t: Target, samples: int) -> dict:
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn))
-    model, tok = load_policy(t.model, seed=cfg.seed)
+    if lora.is_adapter_dir(t.model):  # a checkpoint of a LoRA run: its adapter on the run's base
+        model, tok = lora.load_merged(t.model, cfg.actor.path, seed=cfg.seed)
+    else:
+        model, tok = load_policy(t.model, seed=cfg.seed)
     evaluator = Evaluator(cfg, scoring)
     try:
         ev = evaluator(model, tok, data.eval, samples=samples, greedy=samples == 1)

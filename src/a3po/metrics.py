@@ -66,6 +66,7 @@ NAMESPACES = {
     "rollout": "the step's samples and the rollout workers",
     "episode": "multi-turn episodes (train_dataset.env), means over the step's episodes",
     "eval": "held-out greedy evaluation",
+    "sync": "what weight sync publishes per version",
     "perf": "where the step's time went",
 }
 
@@ -121,6 +122,8 @@ REGISTRY: tuple[Metric, ...] = (
     _m("train/grad_norm", "1", ENGINE, "largest global gradient norm before clipping among the step's optimizer steps"),
     _m("train/lr", "1", ENGINE, "learning rate after the step"),
     _m("train/n_tokens", "tokens", ENGINE, "generated tokens the loss ran over (every rank's)"),
+    _m("train/trainable_params", "parameters", ENGINE,
+       "parameters the optimizer updates: every weight, or with actor.lora.rank > 0 the adapters'"),
     # rollout/
     _m("rollout/reward_mean", "reward", LOOP, "mean raw task reward over the step's samples (before shaping)"),
     _m("rollout/reward_std", "reward", LOOP, "standard deviation of that reward (0 for one sample)"),
@@ -173,6 +176,8 @@ REGISTRY: tuple[Metric, ...] = (
     _m("perf/ranks_sync_s", "s", ENGINE, "gathering the whole model and the statistics on rank 0 after the update",
        "more than one trainer rank (cluster.n_trainer_ranks > 1, or torchrun)"),
     _m("perf/weight_sync_s", "s", LOOP, "publishing the new weights, waiting for the previous load included"),
+    _m("sync/published_bytes", "bytes", LOOP,
+       "bytes one published version puts in the weight transport (fp32): the whole model, or the adapters"),
     _m("perf/weight_load_s", "s", LOOP, "slowest worker's weight load since the previous step"),
     _m("perf/eval_s", "s", RUN, "the held-out evaluation", EVAL_STEPS),
     _m("perf/borrowed_frac", "fraction", RUN,

@@ -63,6 +63,29 @@ class MicroBatchConfig:
     max_tokens_per_mb: int = opt(4096, "token budget of one micro-batch in the training forward/backward pass", ge=1)
 
 
+LORA_LR_FACTOR = 10.0  # actor.lora.lr's default, relative to actor.optimizer.lr
+
+
+@dataclass
+class LoraConfig:
+    rank: int = opt(0, "LoRA rank: train low-rank adapters on a frozen base model instead of every weight; "
+                       "0 = full training", ge=0)
+    alpha: float | None = opt(None, "LoRA scale numerator: the adapter adds (alpha / rank) x B A to each target "
+                                    "weight; null = 2 x rank", gt=0)
+    dropout: float = opt(0.0, "dropout on the adapters' input while training", ge=0, lt=1)
+    target_modules: list = opt([], "module names (or suffixes) that get adapters; [] = every linear layer of the "
+                                   "body (embeddings and the LM head only when named)")
+    lr: float | None = opt(None, "AdamW learning rate of the adapters (in place of actor.optimizer.lr); "
+                                 f"null = {LORA_LR_FACTOR:g} x actor.optimizer.lr: adapters want a larger one", gt=0)
+
+    @property
+    def scale(self) -> float:
+        return (self.alpha if self.alpha is not None else 2.0 * self.rank) / max(1, self.rank)
+
+    def learning_rate(self, full: float) -> float:
+        return self.lr if self.lr is not None else LORA_LR_FACTOR * full
+
+
 @dataclass
 class ActorConfig:
     path: str = opt("smollm2-135m-instruct",
@@ -113,6 +136,7 @@ class ActorConfig:
     adv_norm: NormConfig = section(NormConfig, "advantage normalisation")
     mb_spec: MicroBatchConfig = section(MicroBatchConfig, "micro-batching")
     optimizer: OptimizerConfig = section(OptimizerConfig, "optimizer")
+    lora: LoraConfig = section(LoraConfig, "low-rank adapters (LoRA)")
 
 
 @dataclass
@@ -293,6 +317,11 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                          "only used with actor.loss_agg_mode=seq-mean-token-sum"))
     if a.adv_norm.mean_leave1out and a.adv_norm.mean_level != "group":
         problems.append(("actor.adv_norm.mean_leave1out", True, "needs actor.adv_norm.mean_level=group"))
+    if a.lora.rank == 0:
+        for name in ("alpha", "dropout", "target_modules", "lr"):
+            if getattr(a.lora, name) != getattr(base.lora, name):
+                problems.append((f"actor.lora.{name}", getattr(a.lora, name),
+                                 "only used with actor.lora.rank > 0; set a rank (e.g. 16) or drop this key"))
     if a.kl_in_reward and a.kl_ctl == 0:
         problems.append(("actor.kl_in_reward", True, "has no effect with actor.kl_ctl=0; set kl_ctl > 0"))
     r = cfg.rollout

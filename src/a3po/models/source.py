@@ -109,6 +109,9 @@ def _check_model_folder(folder: Path, path: str) -> None:
         raise ModelSourceError(f"actor.path={path!r}: no such directory {os.path.abspath(folder)!r}; "
                                "give an existing Hugging Face model folder (with config.json)")
     config = folder / "config.json"
+    if not config.is_file() and (folder / "adapter_config.json").is_file():
+        raise ModelSourceError(f"actor.path={path!r} is a LoRA adapter, not a model: merge it into its base with "
+                               "`a3po export`, or train on the base with actor.lora.rank > 0")
     if not config.is_file():
         raise ModelSourceError(f"actor.path={path!r}: {str(folder)!r} has no config.json, so it is not "
                                "a Hugging Face model folder; save one with model.save_pretrained(dir)")

@@ -138,7 +138,7 @@ class Trainer:
         if cfg.rollout.lockstep:  # v + 1 samples batch v + 1 + eta: batch v + eta must be done with v
             ctl.wait_sampled(v + eta)
         ctl.wait_loaded(v - 1)
-        self.weights.publish(self.engine.weights())
+        stats["sync/published_bytes"] = self.weights.publish(self.engine.weights())
         ctl.publish(self.engine.version)
         stats["perf/weight_sync_s"] = time.perf_counter() - t0
 

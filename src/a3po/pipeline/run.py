@@ -223,7 +223,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         if not resume and cfg.evaluator.initial:
             say("a3po: evaluating the initial policy on the held-out split ...")
             t0 = time.perf_counter()
-            first = _evaluated(evaluate(engine.full_model, tok, data.eval), run_dir, 0)
+            first = _evaluated(evaluate(engine.sampling_model(), tok, data.eval), run_dir, 0)
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
             history.append({"step": 0, **first})
@@ -238,7 +238,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
             step = progress.step = engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
                 t0 = time.perf_counter()
-                stats.update(_evaluated(evaluate(engine.full_model, tok, data.eval), run_dir, step))
+                stats.update(_evaluated(evaluate(engine.sampling_model(), tok, data.eval), run_dir, step))
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()

@@ -88,6 +88,11 @@ class LocalEngine:
         reprefill_on_update: bool = True,
         forward: str = AUTO,
     ):
+        from a3po.models.lora import has_adapters
+
+        if has_adapters(model):  # its forward here would read the base weights alone and sample the base model
+            raise ValueError("the local engine samples plain models: fold the LoRA adapters in first "
+                             "(models/lora.py merged or Folder)")
         self.model = model.eval()
         self.forward = make_forward(model, max_batch, forward)
         self.eos = frozenset(int(i) for i in eos_token_ids)

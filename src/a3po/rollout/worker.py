@@ -145,12 +145,14 @@ class _Worker:
         max_batch = max(cfg.gconfig.n_samples, 64)
         self.given = weights  # what LoadWeights payloads are read against (the shared buffers)
         weights = weights.take()
+        self.fold = None  # with LoRA: published adapters -> this worker's weights (models/lora.py)
         reprefill = cfg.rollout.weight_update == WeightUpdate.REPREFILL
         if cfg.rollout.backend == Backend.VLLM:
             from a3po.rollout.vllm_engine import VLLMEngine
 
             model, self.tok = load_policy(cfg.actor.path, seed=cfg.seed)
-            model.load_state_dict(weights, strict=False)  # vLLM starts from the published weights
+            self._folding(model, weights)
+            model.load_state_dict(self._plain(weights), strict=False)  # vLLM starts from the published weights
             self.engine = VLLMEngine.from_model(
                 model, self.tok, dtype=dtype, version=version, max_batch=max_batch, seed=cfg.seed,
                 reprefill_on_update=reprefill, fp32_head=cfg.actor.fp32_lm_head,
@@ -162,12 +164,13 @@ class _Worker:
             model = model.to(device)
             if cfg.actor.fp32_lm_head:
                 use_fp32_head(model)
+            self._folding(model, weights)
             self.engine = LocalEngine(
                 model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode, max_batch=max_batch,
                 version=version, forward=cfg.rollout.forward,
                 reprefill_on_update=reprefill,
             )
-            self.engine.update_weights(weights, version)
+            self.engine.update_weights(self._plain(weights), version)
         self.reward = RewardProcess(scoring.reward_fn, cfg.train_dataset.reward_timeout_s)
         self.episodes = None
         if scoring.env is not None:
@@ -179,6 +182,17 @@ class _Worker:
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
         self.t_ready = time.perf_counter()
         self.idle_s = 0.0
+
+    def _folding(self, model, published) -> None:
+        """With LoRA the trainer publishes adapters only: keep this model's base weights to fold them into."""
+        if self.cfg.actor.lora.rank > 0:
+            from a3po.models import lora
+
+            self.fold = lora.Folder(model, published)
+
+    def _plain(self, published):
+        """Weights the engine loads: as published, or with LoRA the adapters folded into the base (from W0)."""
+        return published if self.fold is None else self.fold(published)
 
     def clock(self) -> dict[str, float]:
         return {"idle_s": self.idle_s, "alive_s": time.perf_counter() - self.t_ready}
@@ -276,7 +290,7 @@ class _Worker:
             return False
         if isinstance(msg, LoadWeights):
             t0 = time.perf_counter()
-            self.engine.update_weights(msg.weights.tensors(self.given), msg.version)
+            self.engine.update_weights(self._plain(msg.weights.tensors(self.given)), msg.version)
             self.outbox.put(WeightsLoaded(self.id, msg.version, time.perf_counter() - t0, **self.clock()))
         elif isinstance(msg, Work) and msg.cohort:
             self.hold(msg)

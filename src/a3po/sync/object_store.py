@@ -54,11 +54,12 @@ class ObjectStoreWeights:
         self.publish(state)
 
     @torch.no_grad()
-    def publish(self, state: Mapping[str, Tensor]) -> None:
+    def publish(self, state: Mapping[str, Tensor]) -> int:
         import ray
 
         arrays = {k: v.detach().to("cpu", torch.float32).contiguous().numpy() for k, v in state.items()}
         self.current = StoredVersion(ray.put(arrays))
+        return sum(a.nbytes for a in arrays.values())
 
     def at_start(self) -> StoredVersion:
         return self.current

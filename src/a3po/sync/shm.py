@@ -9,7 +9,7 @@ worker may still be reading v, and waits only for a worker still on v - 1 (whose
 v + 1 overwrites): with a training step far longer than a load, never.
 
 Every weight transport (this one, sync/object_store.py) offers the same calls: on the
-trainer `publish(state)`, `at_start()` for what a starting worker is given and
+trainer `publish(state)` (returning the bytes it wrote), `at_start()` for what a starting worker is given and
 `for_load()` for what a LoadWeights message carries; on the worker, `take()` of what it
 was given at start, and `tensors(given)` of a message's payload.
 """
@@ -52,12 +52,13 @@ class SharedWeights:
         self.current = 0
 
     @torch.no_grad()
-    def publish(self, state: Mapping[str, Tensor]) -> None:
-        """Into the other buffer; it becomes the current one once it is complete."""
+    def publish(self, state: Mapping[str, Tensor]) -> int:
+        """Into the other buffer; it becomes the current one once it is complete. Returns the bytes written."""
         spare = 1 - self.current
         for name, value in state.items():
             self.buffers[spare][name].copy_(value)
         self.current = spare
+        return sum(t.nbytes for t in self.buffers[spare].values())
 
     def at_start(self) -> SharedBuffers:
         return SharedBuffers(self.buffers, self.current)

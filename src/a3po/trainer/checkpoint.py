@@ -143,7 +143,10 @@ def resume(run_dir: Path, engine, warn: Callable[[str], None]) -> tuple[Path, di
     warnings only when an older checkpoint does load, so a run that cannot resume at all
     prints one line, the error."""
     skipped = []
-    for ckpt in checkpoints(run_dir):
+    found = checkpoints(run_dir)
+    if found:
+        check_kind(engine, found[0])  # the run's settings against its checkpoints, before any is tried
+    for ckpt in found:
         try:
             state = load_run_state(ckpt)
             load_engine(engine, ckpt)
@@ -181,6 +184,8 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
     takes part; rank 0 writes)."""
     import torch
 
+    from a3po.models import lora
+
     if engine.dp is not None:
         engine.dp.announce("save", directory, tokenizer)
         optimizer = engine.dp.full_optimizer_state(engine.policy, engine.optimizer)
@@ -190,7 +195,12 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
         optimizer = engine.optimizer.state_dict()
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    engine.full_model.save_pretrained(d, safe_serialization=True)
+    if engine.lora is not None:  # the adapter alone, in PEFT's format; the base is the run's actor.path
+        lc = engine.lora
+        lora.save(engine.full_model, d, lc.rank, lc.rank * lc.scale, lc.dropout, lc.target_modules,
+                  engine.cfg.path)
+    else:
+        engine.full_model.save_pretrained(d, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     with open(d / STATE_FILE, "wb") as f:  # a Python file: a write error reaches us as OSError (files.no_space)
@@ -199,6 +209,7 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
             "optimizer": optimizer,
             "ranks": engine.dp.world if engine.dp else 1,
             "scheduler": engine.scheduler.state_dict(),
+            "lora_rank": engine.lora.rank if engine.lora is not None else 0,
             "torch_rng": torch.get_rng_state(),
         }, f)
 
@@ -210,9 +221,18 @@ def load_engine(engine: TrainEngine, directory: str | Path) -> None:
     ranks, rank 0 tells the others to load the same folder once it has read it."""
     import torch
 
+    from a3po.models import lora
+
     d = Path(directory)
-    weights = _read_weights(d)
-    missing, unexpected = _mismatch(engine.model, weights)
+    adapter = check_kind(engine, d)
+    if adapter:
+        weights = lora.to_model_names(lora.read(d)[0])
+        own = {k: t for k, t in engine.model.state_dict().items() if ".lora_" in k}
+        missing = sorted(k for k in own if k not in weights)
+        unexpected = sorted(k for k in weights if k not in own or weights[k].shape != own[k].shape)
+    else:
+        weights = _read_weights(d)
+        missing, unexpected = _mismatch(engine.model, weights)
     if missing or unexpected:
         raise ValueError(f"checkpoint {d} does not match the model: "
                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")
@@ -232,6 +252,24 @@ def load_engine(engine: TrainEngine, directory: str | Path) -> None:
     engine.scheduler.load_state_dict(state["scheduler"])
     engine.version = state["version"]
     torch.set_rng_state(state["torch_rng"])
+
+
+def check_kind(engine: TrainEngine, d: Path) -> bool:
+    """Whether checkpoint `d` is a LoRA adapter; a CheckpointError when it does not fit the engine's training
+    (full weights against LoRA, or another adapter rank): a setting to fix, not a damaged checkpoint."""
+    from a3po.models import lora
+
+    adapter = lora.is_adapter_dir(d)
+    if adapter != (engine.lora is not None):
+        raise CheckpointError(f"checkpoint {d} holds {'a LoRA adapter' if adapter else 'full weights'}, and this run "
+                              f"{'trains LoRA adapters' if engine.lora is not None else 'trains every weight'}: "
+                              f"resume it with actor.lora.rank={'> 0' if adapter else '0'}, or start a new run")
+    if adapter:
+        rank = lora.saved_rank(d)
+        if rank != engine.lora.rank:
+            raise CheckpointError(f"checkpoint {d} holds a rank-{rank} adapter and this run has "
+                                  f"actor.lora.rank={engine.lora.rank}: resume it with actor.lora.rank={rank}")
+    return adapter
 
 
 def _read_state(path: Path) -> dict:

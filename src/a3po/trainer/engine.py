@@ -11,6 +11,10 @@ One training step (`ppo_update`) reads top to bottom:
      decoupled PPO loss, backward; then grad-norm clipping and one optimizer step;
   3. version += 1, and statistics.
 
+With actor.lora.rank > 0 only low-rank adapters train (models/lora.py): the optimizer holds
+them alone, weight sync publishes them alone (`weights`), and the reference policy is the
+model with its adapters switched off, so no second copy is needed.
+
 With actor.kl_ctl > 0 a frozen copy of the initial weights is the reference policy. Its KL
 is added to the loss per token, or with actor.kl_in_reward charged to the rewards through
 `reference_kl`, which the trainer calls before it computes advantages (pipeline/loop.py).
@@ -51,6 +55,7 @@ from a3po.algo.prox import ApproxErrors
 from a3po.config.choices import Dtype
 from a3po.config.schema import ActorConfig
 from a3po.devices import resolve_dtype, torch_dtype
+from a3po.models import lora
 from a3po.trainer.logprobs import PolicyLogp
 from a3po.trainer.optim import build_optimizer
 from a3po.trainer.parallel import DataParallel
@@ -147,9 +152,15 @@ class TrainEngine:
             enable = (getattr(self.model, "activation_checkpointing_enable", None)
                       or self.model.gradient_checkpointing_enable)
             enable()
+        self.lora = cfg.lora if cfg.lora.rank > 0 else None
+        if self.lora is not None:
+            lora.attach(self.model, self.lora.rank, self.lora.rank * self.lora.scale, self.lora.dropout,
+                        self.lora.target_modules)
+            if cfg.gradient_checkpointing:  # frozen embeddings: the checkpointed layers' input needs a gradient
+                self.model.enable_input_require_grads()
         self.model.config.use_cache = False
         self.ref_model = None
-        if cfg.kl_ctl > 0:  # every rank holds the whole frozen reference: its passes need no collective
+        if cfg.kl_ctl > 0 and self.lora is None:  # every rank holds the whole frozen reference: no collective
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         # the forward's compute dtype under autocast; fp32 runs without autocast
         self.autocast = torch_dtype(self.dtype) if self.dtype != Dtype.FLOAT32 else None
@@ -162,8 +173,11 @@ class TrainEngine:
         if dp is not None:
             self.full_model = copy.deepcopy(self.model) if dp.leader else None
             self.policy = dp.wrap(self.policy)
-        self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optimizer,
-                                                         total_optimizer_steps)
+        optim_cfg = (cfg.optimizer if self.lora is None
+                     else dataclasses.replace(cfg.optimizer, lr=self.lora.learning_rate(cfg.optimizer.lr)))
+        self.optimizer, self.scheduler = build_optimizer([p for p in self.policy.parameters() if p.requires_grad],
+                                                         optim_cfg, total_optimizer_steps)
+        self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     # -- forward --------------------------------------------------------------------------
 
@@ -218,10 +232,15 @@ class TrainEngine:
         so the estimator is the one for KL(pi_behav || pi_ref), and the only forward pass is the
         reference's (micro-batched like compute_logp).
         """
-        if self.ref_model is None:
+        if self.cfg.kl_ctl == 0:
             raise ValueError("no reference model: actor.kl_ctl is 0")
         batch = batch.to(self.device)
-        kl = kl_penalty(batch.logp_behav, self.compute_logp(batch, self.ref_model), self.cfg.kl_estimator)
+        if self.lora is not None:  # rank 0's whole copy, adapters off: no collective
+            with lora.adapters_off(self.full_model):
+                ref = self.compute_logp(batch, self.full_model)
+        else:
+            ref = self.compute_logp(batch, self.ref_model)
+        kl = kl_penalty(batch.logp_behav, ref, self.cfg.kl_estimator)
         return torch.where(batch.loss_mask, kl, torch.zeros((), dtype=kl.dtype)).cpu()  # beside the rewards
 
     # -- one training step ----------------------------------------------------------------
@@ -285,7 +304,18 @@ class TrainEngine:
         stats.update(self._stats(pieces, v))
         stats["train/grad_norm"] = max(grad_norms)
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
+        stats["train/trainable_params"] = float(self.trainable_params)
         return stats
+
+    @contextmanager
+    def _reference(self):
+        """The policy whose passes are the reference's: the frozen copy, or with LoRA this rank's own
+        policy with its adapters off (under data parallelism every rank runs it, like the policy)."""
+        if self.lora is None:
+            yield self.ref_policy
+        else:
+            with lora.adapters_off(self.model):
+                yield self.policy
 
     def _grad_sync(self, last: bool):
         return self.dp.sync_grads(self.policy, last) if self.dp is not None else nullcontext()
@@ -301,9 +331,9 @@ class TrainEngine:
         else:
             prox = proximal_logp(self.method.name, mb.logp_behav, logp, mb.versions, v, logp_recomputed)
         kl = None
-        if self.ref_policy is not None and not cfg.kl_in_reward:
-            with torch.no_grad(), eval_mode(self.ref_policy):
-                ref, _ = self._logp(self.ref_policy, mb, with_entropy=False)
+        if cfg.kl_ctl > 0 and not cfg.kl_in_reward:
+            with torch.no_grad(), self._reference() as ref_policy, eval_mode(ref_policy):
+                ref, _ = self._logp(ref_policy, mb, with_entropy=False)
             kl = kl_penalty(logp, ref, cfg.kl_estimator)
         loss, terms = ppo_loss(
             logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask,
@@ -370,5 +400,13 @@ class TrainEngine:
     def weights(self) -> dict[str, Tensor]:
         """Every weight under its Hugging Face name, tied ones included, for weight sync (rank 0).
 
-        Live views, not copies: the sync copies them once, straight into shared memory."""
+        Live views, not copies: the sync copies them once, straight into shared memory. With LoRA, the
+        adapters' tensors and their scale only (models/lora.py): the workers fold them into their base."""
+        if self.lora is not None:
+            return lora.published(self.full_model, self.lora.scale)
         return self.full_model.state_dict()
+
+    def sampling_model(self):
+        """The policy as a plain causal LM for a sampler (evaluation): rank 0's model itself, or with LoRA
+        a copy with the adapters folded in (a sampler reading the base weights would ignore them)."""
+        return self.full_model if self.lora is None else lora.merged(self.full_model)
