@@ -1,6 +1,6 @@
 """PPO updates of the tiny model on N trainer ranks, run by tests/test_parallel.py under torchrun.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/dp_run.py MODE OUT [--resume DIR] [--seeds 1,2]
+    python -m torch.distributed.run --nproc-per-node 2 tests/dp_run.py MODE OUT [--resume DIR] [--seeds 1,2] [--lora]
 
 Rank 0 drives, as `a3po train` does: it optionally resumes from DIR, trains one step per seed
 on `fixed_batch(seed)`, saves a checkpoint into OUT and writes each step's statistics to
@@ -24,6 +24,7 @@ from a3po.trajectories import Trajectory, collate
 # two minibatches of 5 rows and a small token budget: the ranks get unequal rows and micro-batch counts
 OVERRIDES = ["actor.dtype=float32", "actor.optimizer.lr=1e-3", "actor.ppo_n_minibatches=2",
              "actor.mb_spec.max_tokens_per_mb=24", "total_train_steps=4"]
+LORA = ["actor.lora.rank=4"]  # --lora: adapters only (their learning rate 10 x the full one's)
 
 
 def fixed_batch(model, seed: int, n: int = 10, group: int = 5):
@@ -46,9 +47,10 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--resume")
     ap.add_argument("--seeds", default="1")
+    ap.add_argument("--lora", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_config(None, [*OVERRIDES, f"cluster.data_parallel={args.mode}"])
+    cfg = load_config(None, [*OVERRIDES, *(LORA if args.lora else []), f"cluster.data_parallel={args.mode}"])
     rank, world = ranks.torchrun_rank()
     model, _ = load_policy("tiny", seed=cfg.seed)
     batches = [fixed_batch(model, int(s)) for s in args.seeds.split(",")] if rank == 0 else []

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from dp_run import OVERRIDES, fixed_batch
+from dp_run import LORA, OVERRIDES, fixed_batch
 from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, gone_within, steps_logged
 from safetensors.torch import load_file
 
 from a3po.config import load_config
-from a3po.models import load_policy
+from a3po.models import load_policy, lora
 from a3po.trainer.checkpoint import STATE_FILE, save_engine
 from a3po.trainer.engine import TrainEngine
 from a3po.trainer.parallel import free_port
@@ -46,8 +46,8 @@ def torchrun(mode: str, out: Path, *args: str) -> None:
     assert res.returncode == 0, res.stderr[-4000:]
 
 
-def one_process(seeds: list[int]) -> tuple[TrainEngine, list[dict]]:
-    cfg = load_config(None, OVERRIDES)
+def one_process(seeds: list[int], lora_on: bool = False) -> tuple[TrainEngine, list[dict]]:
+    cfg = load_config(None, [*OVERRIDES, *(LORA if lora_on else [])])
     model, _ = load_policy("tiny", seed=cfg.seed)
     batches = [fixed_batch(model, s) for s in seeds]
     torch.manual_seed(cfg.seed)
@@ -56,7 +56,9 @@ def one_process(seeds: list[int]) -> tuple[TrainEngine, list[dict]]:
 
 
 def assert_same_state(engine: TrainEngine, ckpt: Path) -> None:
-    weights = load_file(ckpt / "model.safetensors")
+    weights = (lora.to_model_names(lora.read(ckpt)[0]) if lora.is_adapter_dir(ckpt)
+               else load_file(ckpt / "model.safetensors"))
+    assert weights
     for name, value in engine.model.state_dict().items():
         if name in weights:
             err = (weights[name] - value).abs().max().item()
@@ -65,7 +67,7 @@ def assert_same_state(engine: TrainEngine, ckpt: Path) -> None:
     assert state["ranks"] == 2 and state["version"] == engine.version
     ranked = {k.removeprefix("model."): v for k, v in state["optimizer"]["state"].items()}
     own = engine.optimizer.state_dict()["state"]
-    names = [n for n, _ in engine.model.named_parameters()]
+    names = [n for n, p in engine.model.named_parameters() if p.requires_grad]
     assert set(ranked) == set(names)
     for i, name in enumerate(names):
         for moment in ("exp_avg", "exp_avg_sq"):
@@ -74,18 +76,19 @@ def assert_same_state(engine: TrainEngine, ckpt: Path) -> None:
         assert float(ranked[name]["step"]) == float(own[i]["step"])
 
 
-@pytest.mark.parametrize("mode", ["fsdp2", "ddp"])
-def test_two_ranks_update_as_one_process_and_resume_on_two(tmp_path, mode):
-    torchrun(mode, tmp_path / "a", "--seeds", "1")
-    engine, stats = one_process([1])
+@pytest.mark.parametrize("mode, lora_on", [("fsdp2", False), ("ddp", False), ("fsdp2", True), ("ddp", True)])
+def test_two_ranks_update_as_one_process_and_resume_on_two(tmp_path, mode, lora_on):
+    flag = ["--lora"] if lora_on else []
+    torchrun(mode, tmp_path / "a", "--seeds", "1", *flag)
+    engine, stats = one_process([1], lora_on)
     assert_same_state(engine, tmp_path / "a")
     ranked = json.loads((tmp_path / "a" / "stats.json").read_text())
     assert ranked[0]["train/n_tokens"] == stats[0]["train/n_tokens"]  # every rank's tokens in rank 0's statistics
     for key in ("loss/total", "train/grad_norm"):
         assert ranked[0][key] == pytest.approx(stats[0][key], rel=1e-4, abs=1e-6), key
 
-    torchrun(mode, tmp_path / "b", "--resume", str(tmp_path / "a"), "--seeds", "2")
-    engine, _ = one_process([1, 2])
+    torchrun(mode, tmp_path / "b", "--resume", str(tmp_path / "a"), "--seeds", "2", *flag)
+    engine, _ = one_process([1, 2], lora_on)
     assert_same_state(engine, tmp_path / "b")  # two steps, with a save and a resume between them on 2 ranks
 
 
