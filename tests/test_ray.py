@@ -33,6 +33,7 @@ from procs import (
     steps_logged,
 )
 
+from a3po.models import load_policy
 from a3po.trainer.parallel import free_port
 
 pytest.importorskip("ray")
@@ -150,8 +151,10 @@ def test_the_slurm_recipe_starts_ray_and_trains(tmp_path):
 
 def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path):
     """In multi-turn episodes (train_dataset.env): the environment travels to the actors with the worker's
-    arguments and runs in a child process of each."""
-    first = Run(on_ray(ray_head, "total_train_steps=4", "saver.freq_steps=2", "train_dataset.env=guess"), tmp_path)
+    arguments and runs in a child process of each. With LoRA: the object store carries the adapters alone, which
+    every actor folds into its base (the full weights cross it in the three-node test below)."""
+    first = Run(on_ray(ray_head, "total_train_steps=4", "saver.freq_steps=2", "train_dataset.env=guess",
+                       "actor.lora.rank=4"), tmp_path)
     assert first.finish(timeout=600) == 0, first.err[-3000:]
     assert "Traceback" not in first.err, first.err[-3000:]
     assert "2 ranks, fsdp2" in first.err and f"Ray actors on the Ray cluster at {ray_head}" in first.err
@@ -163,6 +166,10 @@ def test_tiny_trains_on_ray_actors_with_two_ranks_and_resumes(ray_head, tmp_path
     assert [r["step"] for r in rows] == list(range(9))
     assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2  # eta reached, never passed
     assert all(r["train/n_tokens"] > 0 and r["episode/turns_mean"] >= 1 for r in rows if r["step"] > 0)
+    full = 4 * sum(p.numel() for p in load_policy("tiny", seed=1)[0].state_dict().values())
+    assert all(0 < r["sync/published_bytes"] < full / 4 for r in rows if r["step"] > 0)
+    fresh = [r for r in rows if r.get("mismatch/tokens")]  # tokens sampled by the version trained on them
+    assert fresh and all(r["mismatch/abs_max"] < 1e-3 for r in fresh)
     # actors may sit on other nodes: their cores are not the trainer's to borrow (pipeline/cores.py:lends_cores)
     assert all(r["perf/borrowed_frac"] == 0 for r in rows if r["step"] > 0)
     assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the resumed run"
