@@ -91,6 +91,24 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
     assert json.loads(res.stdout.strip().splitlines()[-1])["benchmark"] == "step"
 
 
+@pytest.mark.slow
+def test_bench_step_puts_a_lora_arm_beside_full_training(tmp_path):
+    res = a3po("bench", "step", "--model", "tiny", "--dtype", "float32", "--batch", "4", "--prompt-len", "8",
+               "--output-len", "16", "--repeats", "1", "--methods", "loglinear", "--minibatches", "1",
+               "--lora-rank", "4", "--out", "out", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    full, adapted = json.loads((tmp_path / "out" / "step.json").read_text())["steps"]
+    assert (full["lora_rank"], adapted["lora_rank"]) == (0, 4)
+    assert full["trainable_params"] == rec_params(tmp_path) and 0 < adapted["trainable_params"] < full["trainable_params"]
+    # full: weights and two AdamW moments of each; LoRA: the weights, and moments of the adapters only
+    assert adapted["state_mb"] < 0.5 * full["state_mb"]
+    assert "| loglinear | 1 | 4 |" in (tmp_path / "out" / "step.md").read_text()
+
+
+def rec_params(tmp_path) -> int:
+    return json.loads((tmp_path / "out" / "step.json").read_text())["params"]
+
+
 def test_bench_step_refuses_bad_arguments_in_one_line(tmp_path):
     res = a3po("bench", "step", "--methods", "recompute,loglinaer", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "loglinaer" in res.stderr

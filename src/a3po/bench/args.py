@@ -190,6 +190,8 @@ class StepBenchArgs(BenchArgs):
     warmup: int = option(1, "untimed one-row steps per arm first")
     threads: int | None = option(None, "torch threads (default: the trainer's share of the cores in `a3po train`)",
                                  ge=1)
+    lora_rank: int = option(0, "R > 0: every arm also runs with LoRA adapters of rank R (actor.lora.rank) beside "
+                               "full training", ge=0)
     eta: int = 2  # the spread of token versions in the batch; not an option
     out: str = option("runs/bench-step", "output folder (suffixed -2, -3, ... if taken)")
 

@@ -15,7 +15,9 @@ Two measurements:
      only at one: the config refuses it otherwise);
      forward/backward also as model GFLOP/s (bench/flops.py: 6 FLOPs per linear weight per
      token) and as a share of a large matmul's rate in the same dtype and thread count,
-     measured in this run;
+     measured in this run; with --lora-rank R each arm also with LoRA adapters of rank R, beside full
+     training, with the trainer state each holds (weights and AdamW moments: bytes of the tensors; a LoRA
+     row's GFLOP/s counts full training's FLOPs, though it skips the frozen weights' gradients, 2 of the 6);
   2. the proximal computation alone: the recompute forward pass against
      `proximal_logp(loglinear | linear)` on the same batch's log-probs.
 """
@@ -63,10 +65,18 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
     return batch
 
 
-def arms_for(args: StepBenchArgs) -> list[tuple[str, int]]:
-    """Every (method, minibatch count) to time; a single-step-only method (variants.py) at one minibatch only."""
-    return [(method, m) for m in args.minibatches for method in args.methods
+def arms_for(args: StepBenchArgs) -> list[tuple[str, int, int]]:
+    """Every (method, minibatch count, LoRA rank) to time; a single-step-only method (variants.py) at one
+    minibatch only; rank 0 is full training, --lora-rank adds its rank."""
+    ranks = [0, args.lora_rank] if args.lora_rank else [0]
+    return [(method, m, r) for r in ranks for m in args.minibatches for method in args.methods
             if m == 1 or not prox_traits(method).single_step_only]
+
+
+def state_bytes(engine: TrainEngine) -> int:
+    """What the trainer holds between steps: weights, and AdamW's moments of the trained ones."""
+    moments = sum(t.nbytes for st in engine.optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+    return sum(p.nbytes for p in engine.model.parameters()) + moments
 
 
 def time_interpolation(batch, method: str, v: int, min_repeats: int = 50, min_s: float = 0.3) -> list[float]:
@@ -91,8 +101,9 @@ def run(args: StepBenchArgs) -> dict:
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_policy(args.model, dtype=torch.float32, seed=0)
     arms = arms_for(args)
-    actors = {(method, m): load_config(None, [f"actor.prox_logp_method={method}", f"actor.ppo_n_minibatches={m}",
-                                              f"actor.dtype={dtype}"]).actor for method, m in arms}
+    actors = {(method, m, r): load_config(None, [f"actor.prox_logp_method={method}", f"actor.ppo_n_minibatches={m}",
+                                                 f"actor.dtype={dtype}", f"actor.lora.rank={r}"]).actor
+              for method, m, r in arms}
 
     def fresh_engine(arm) -> TrainEngine:
         engine = TrainEngine(copy.deepcopy(base), actors[arm], total_optimizer_steps=arm[1])
@@ -107,7 +118,8 @@ def run(args: StepBenchArgs) -> dict:
     progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
              f"(+{args.warmup} warm-up), {args.threads} thread(s), {dtype}; writing to {out}")
 
-    samples: dict = {a: {"step": [], "prox": [], "train": [], "optimizer": [], "forwards": []} for a in arms}
+    samples: dict = {a: {"step": [], "prox": [], "train": [], "optimizer": [], "forwards": [], "state": [],
+                         "trainable": []} for a in arms}
     warm = batch.select([0])
     for rep in range(-args.warmup, args.repeats):
         for arm in arms:
@@ -117,9 +129,11 @@ def run(args: StepBenchArgs) -> dict:
             t0 = time.perf_counter()
             stats = engine.ppo_update(warm if rep < 0 else batch)
             dt = time.perf_counter() - t0
+            held = state_bytes(engine)
             del engine  # one engine (weights, grads, AdamW state) alive at a time
             tag = "warm-up" if rep < 0 else f"repeat {rep + 1}/{args.repeats}"
-            progress(f"  {arm[0]:<10} minibatches={arm[1]} {tag}: step {dt:.2f} s, "
+            lora = f" lora={arm[2]}" if arm[2] else ""
+            progress(f"  {arm[0]:<10} minibatches={arm[1]}{lora} {tag}: step {dt:.2f} s, "
                      f"prox {stats['perf/prox_logp_s']:.2f} s")
             if rep >= 0:
                 s = samples[arm]
@@ -128,15 +142,18 @@ def run(args: StepBenchArgs) -> dict:
                 s["train"].append(stats["perf/train_s"])
                 s["optimizer"].append(stats["perf/optimizer_s"])
                 s["forwards"].append(len(forwards))
+                s["state"].append(held)
+                s["trainable"].append(stats["train/trainable_params"])
 
     steps = []
-    for method, m in arms:
-        s = samples[(method, m)]
-        ref = samples.get(("recompute", m))
+    for method, m, r in arms:
+        s = samples[(method, m, r)]
+        ref = samples.get(("recompute", m, r))
         med = statistics.median(s["step"])
         fwd_bwd = statistics.median(t - o for t, o in zip(s["train"], s["optimizer"]))
         steps.append({
-            "method": method, "minibatches": m, **spread(s["step"], "step"),
+            "method": method, "minibatches": m, "lora_rank": r, **spread(s["step"], "step"),
+            "state_mb": max(s["state"]) / 1e6, "trainable_params": max(s["trainable"]),
             "prox_logp_s": statistics.median(s["prox"]),
             "forwards": max(s["forwards"]),  # model forward passes in one step (every micro-batch counts)
             "fwd_bwd_s": fwd_bwd, "fwd_bwd_gflops": flops / fwd_bwd / 1e9, "of_matmul": flops / fwd_bwd / 1e9 / rate,
@@ -146,7 +163,7 @@ def run(args: StepBenchArgs) -> dict:
             "speedup_vs_recompute": statistics.median(ref["step"]) / med if ref else None,
         })
 
-    forward = [p for (method, m), s in samples.items() if method == "recompute" for p in s["prox"]]
+    forward = [p for (method, _, r), s in samples.items() if method == "recompute" and r == 0 for p in s["prox"]]
     prox = []
     if forward:
         prox.append({"method": "recompute (forward pass)", **spread(forward, "time"), "speedup_vs_forward": 1.0})
@@ -179,16 +196,18 @@ def markdown(r: dict) -> str:
         f"over the fwd/bwd time; of matmul: its share of a {MATMUL_SIZE}x{MATMUL_SIZE} {r['dtype']} matmul's rate "
         f"at the same thread count, measured in this run ({r['matmul_gflops']:.0f} GFLOP/s).",
         "",
-        "| prox method | minibatches | step (s) | min..max | forward passes | prox forward (s) | fwd/bwd (s) "
-        "| fwd/bwd GFLOP/s | of matmul | optimizer (s) | prox share | recompute / this |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| prox method | minibatches | LoRA rank | step (s) | min..max | forward passes | prox forward (s) "
+        "| fwd/bwd (s) | fwd/bwd GFLOP/s | of matmul | optimizer (s) | prox share | recompute / this "
+        "| trained params | weights + AdamW (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["steps"]:
         sp = f"{s['speedup_vs_recompute']:.2f}x" if s["speedup_vs_recompute"] else "-"
-        lines.append(f"| {s['method']} | {s['minibatches']} | {s['step_median_s']:.2f} "
+        lines.append(f"| {s['method']} | {s['minibatches']} | {s.get('lora_rank') or '-'} | {s['step_median_s']:.2f} "
                      f"| {s['step_min_s']:.2f}..{s['step_max_s']:.2f} | {s['forwards']} | {s['prox_logp_s']:.2f} "
                      f"| {s['fwd_bwd_s']:.2f} | {s['fwd_bwd_gflops']:.0f} | {s['of_matmul']:.0%} "
-                     f"| {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} |")
+                     f"| {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} "
+                     f"| {s.get('trainable_params', 0) / 1e6:.2f}M | {s.get('state_mb', 0):.0f} |")
     lines += ["", "### Proximal log-probs alone, same batch", "",
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:
