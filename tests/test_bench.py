@@ -99,7 +99,8 @@ def test_bench_step_puts_a_lora_arm_beside_full_training(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     full, adapted = json.loads((tmp_path / "out" / "step.json").read_text())["steps"]
     assert (full["lora_rank"], adapted["lora_rank"]) == (0, 4)
-    assert full["trainable_params"] == rec_params(tmp_path) and 0 < adapted["trainable_params"] < full["trainable_params"]
+    assert full["trainable_params"] == rec_params(tmp_path)
+    assert 0 < adapted["trainable_params"] < full["trainable_params"]
     # full: weights and two AdamW moments of each; LoRA: the weights, and moments of the adapters only
     assert adapted["state_mb"] < 0.5 * full["state_mb"]
     assert "| loglinear | 1 | 4 |" in (tmp_path / "out" / "step.md").read_text()
