@@ -503,3 +503,15 @@ def test_a_run_without_an_initial_evaluation_has_no_initial_accuracy():
              "train/n_tokens": 10, "eval/accuracy": 0.25}]
     out = summarize_run(rows)
     assert math.isnan(out["eval_initial"]) and out["eval_final"] == 0.25
+
+
+def test_the_paired_table_reads_one_seed_as_no_interval_yet():
+    from a3po.bench.staleness_report import _paired_table
+
+    row = dict(arm="loglinear", reference="recompute", eta=2, minibatches=1)
+    one = {**row, "n": 1, "mean": 0.09, "values": [0.09], "interval": [math.nan, math.nan], "measurable": False}
+    three = {**row, "n": 3, "mean": 0.05, "values": [0.09, -0.02, 0.08], "interval": [-0.1, 0.2],
+             "measurable": False}
+    lines = _paired_table([one, three])
+    assert lines[2].endswith("| - | one seed: no interval yet |")
+    assert lines[3].endswith("| [-0.100, +0.200] | no measurable difference |")
