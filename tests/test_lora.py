@@ -245,6 +245,11 @@ def test_a_lora_run_samples_its_adapters_resumes_evaluates_and_exports(tmp_path)
     batch = fixed_batch(base, len(tok))
     moved = (logp_of(merged, batch) - logp_of(base, batch))[batch.loss_mask].abs().max()
     assert moved > 1e-2  # the adapters moved the policy: a sampler reading the base would have shown a gap
+    res = a3po("export", str(run), "--out", str(out), cwd=tmp_path)  # never over a model already there
+    assert res.returncode == 2 and "not empty" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    ckpt = run / "checkpoints" / "step_000006"
+    res = a3po("train", *TINY, f"actor.path={ckpt}", cwd=tmp_path)  # an adapter is not a model to start from
+    assert res.returncode == 2 and "is a LoRA adapter" in res.stderr and "a3po export" in res.stderr
     res = a3po("eval", str(run), "--out", str(tmp_path / "ev.json"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((tmp_path / "ev.json").read_text())["step"] == 6
