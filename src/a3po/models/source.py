@@ -142,7 +142,11 @@ def _hub(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedToke
     it fails; with it, a hub id that is not cached fails at once and says what to do."""
     unreachable = hub_unreachable()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=bool(unreachable))
+        # adapter_kwargs: with PEFT installed transformers first asks the hub whether the id is an adapter, and
+        # that probe does not take local_files_only from the call (it would retry an unreachable hub for ~20 s)
+        offline = bool(unreachable)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=offline,
+                                                     adapter_kwargs={"local_files_only": offline})
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=bool(unreachable))
     except (OSError, ValueError) as e:
         if unreachable:
