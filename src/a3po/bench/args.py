@@ -37,8 +37,8 @@ class Engine:
 
 
 ROLLOUT_ENGINES = (Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE, Engine.VLLM)
-ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "ranks2", "ray")  # bench e2e's (e2e.py)
-E2E_DEFAULT_ARMS = ARM_NAMES[:-2]  # ranks2 and ray measure the launchers, not the method: asked for by name
+ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "lora", "ranks2", "ray")  # e2e.py's
+E2E_DEFAULT_ARMS = ARM_NAMES[:-3]  # lora, ranks2 and ray measure training modes and launchers: asked for by name
 # bench staleness's arms, defined in staleness.py; the first four run by default, the rest are asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse",
                   "recompute-noclip", "loglinear-noclip", "loglinear-eps04", "loglinear-nodual")
@@ -265,7 +265,7 @@ class E2EArgs(TrainBenchArgs):
     description = ("Run each arm as a full `a3po train` with the same seeds, steps and data order; write "
                    "results.md, results.json and plots/.")
 
-    arms: list[str] = option(list(E2E_DEFAULT_ARMS), "default: all but ranks2 and ray", choices=ARM_NAMES,
+    arms: list[str] = option(list(E2E_DEFAULT_ARMS), "default: all but lora, ranks2 and ray", choices=ARM_NAMES,
                              what="arm")
 
 

@@ -34,6 +34,8 @@ ARMS = {a.name: a for a in (
     Arm.trains_with("linear", "async, linear interpolation in probability", "linear", one_step=True),
     Arm.trains_with("reuse", "async, p = sg(theta), one minibatch", "reuse", one_step=True),
     Arm.trains_with("metrics", "async recompute, logging every approximation's error", "metrics", one_step=True),
+    Arm.trains_with("lora", "A-3PO training LoRA adapters of rank 16 on the frozen base (actor.lora.rank=16)",
+                    "loglinear", "actor.lora.rank=16"),
     Arm.trains_with("ranks2", "A-3PO with 2 data-parallel trainer ranks (FSDP2)", "loglinear",
                     "cluster.n_trainer_ranks=2"),
     Arm.trains_with("ray", "A-3PO with the rollout worker a Ray actor, weights through Ray's object store",
