@@ -13,6 +13,8 @@ import contextlib
 import io
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,6 +208,25 @@ def test_bench_e2e_with_seeds_continues_where_it_stopped(tmp_path):
     # a different configuration in the same folder is refused (overrides after options are fine)
     res = a3po(*args, "actor.optimizer.lr=0.1", cwd=tmp_path)
     assert res.returncode == 2 and "different configuration" in res.stderr, res.stderr
+    # the second arm against the first, paired by seed; the page regenerates from results.json alone
+    md = (tmp_path / "b" / "results.md").read_text()
+    assert "## Against sync, paired by seed" in md and "| loglinear | 2 |" in md
+    (tmp_path / "b" / "results.md").unlink()
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.e2e", str(tmp_path / "b")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and (tmp_path / "b" / "results.md").read_text() == md, res.stderr[-2000:]
+
+
+def test_against_first_arm_pairs_each_seeds_problems():
+    from a3po.bench.report import against_first_arm
+
+    runs = [{"ok": True, "arm": arm, "seed": seed, "held_out_final": solved} for arm, seed, solved in (
+        ("full", 1, [1, 0, 0, 0]), ("lora", 1, [1, 1, 0, 0]), ("full", 2, [0, 0, 0, 0]), ("lora", 2, [1, 1, 1, 0]),
+        ("lora", 3, [1, 1, 1, 1]))]  # seed 3 has no pair
+    lines = against_first_arm(runs, ["full", "lora"])
+    assert lines[1] == "## Against full, paired by seed"
+    assert lines[-1].startswith("| lora | 2 | +0.250, +0.750 | +0.500 | [")
+    assert against_first_arm(runs[:2], ["full", "lora"]) == []  # one seed: no table
 
 
 def test_bench_e2e_refuses_a_config_one_arm_cannot_take_before_running(tmp_path):

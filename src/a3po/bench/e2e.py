@@ -15,10 +15,12 @@ directory continues it, skipping the runs already done (bench/runs.py, shared wi
 
     a3po bench e2e --seeds 2                              # the full comparison
     a3po bench e2e --preset tiny total_train_steps=3      # a quick look
+    python -m a3po.bench.e2e DIR                           # the tables again from DIR/results.json
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from a3po.bench.args import ARM_NAMES, E2EArgs
@@ -84,9 +86,24 @@ def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float
     return record
 
 
+def regenerate(bench_dir: Path) -> dict:
+    """results.md, the tables and the plots again from bench_dir/results.json alone (nothing trains)."""
+    record = json.loads((bench_dir / RESULTS).read_text())
+    header = {k: v for k, v in record.items() if k not in ("wall_s", "runs", "table", "approx", "plots")}
+    return write_results(bench_dir, header, record["runs"], record["wall_s"])
+
+
 def main(args: E2EArgs, argv: list[str]) -> int:
     record, status = run(args, argv)
     if record["runs"]:
         print((Path(record["out"]) / "results.md").read_text())
         print(f"written: {record['out']}/results.md, {RESULTS}, plots/")
     return status
+
+
+if __name__ == "__main__":  # python -m a3po.bench.e2e DIR [DIR ...]
+    import sys
+
+    for folder in sys.argv[1:] or ["."]:
+        regenerate(Path(folder))
+        print(f"wrote {Path(folder) / 'results.md'}")

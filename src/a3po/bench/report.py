@@ -77,6 +77,26 @@ def paired_differences(runs: list[dict], arm: str, reference: str) -> dict | Non
     return t_interval(diffs) if diffs else None
 
 
+def against_first_arm(runs: list[dict], arms: list[str]) -> list[str]:
+    """The markdown table of every other arm against the first one, paired by seed over the same held-out
+    problems (`paired_differences`); nothing when no arm has two seeds paired."""
+    pairs = [(arm, paired_differences(runs, arm, arms[0])) for arm in arms[1:]]
+    pairs = [(arm, p) for arm, p in pairs if p is not None and p["n"] > 1]
+    if not pairs:
+        return []
+    lines = ["", f"## Against {arms[0]}, paired by seed", "",
+             f"Per seed, the mean over the same held-out problems of the arm's final result minus {arms[0]}'s; "
+             "mean and a 95 % Student-t interval over seeds. An interval that contains 0 is no measurable "
+             "difference.", "", "| arm | seeds | per seed | mean | 95 % interval | reading |",
+             "|---|---:|---|---:|---|---|"]
+    for arm, p in pairs:
+        lo, hi = p["interval"]
+        reading = ("better" if lo > 0 else "worse") if p["measurable"] else "no measurable difference"
+        lines.append(f"| {arm} | {p['n']} | {', '.join(f'{x:+.3f}' for x in p['values'])} | {p['mean']:+.3f} | "
+                     f"[{lo:+.3f}, {hi:+.3f}] | {reading} |")
+    return lines
+
+
 def held_out_gains(runs: list[dict]) -> dict[str, dict]:
     """Per arm: the paired held-out gains (end - start) of its seeds, their mean, std and 95 % t-interval."""
     out = {}
@@ -199,6 +219,7 @@ def markdown(record: dict, bench_dir: Path) -> str:
             lo, hi = g["interval"]
             lines.append(f"| {arm} | {g['n']} | {', '.join(f'{x:+.3f}' for x in g['values'])} | {g['mean']:+.3f} | "
                          f"{g['std']:.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+    lines += against_first_arm(record["runs"], [row["arm"] for row in table])
     if approx:
         lines += [
             "",
