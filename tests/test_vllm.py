@@ -8,7 +8,8 @@ whatever runs beside them, stop strings end a completion; a bf16 engine's log-pr
 closer to the trainer's with `actor.fp32_lm_head`; and `a3po train --preset tiny
 rollout.backend=vllm` (bf16 with the fp32 head) trains with staleness up to eta, resumes and
 leaves nothing behind in /dev/shm; multi-turn episodes reuse their cached prefix within a weight
-version and never across one, and train on Ray actors.
+version and never across one, and train on Ray actors; with LoRA the folded adapters reach vLLM, and
+a saved adapter loads in vLLM as it is.
 """
 
 from pathlib import Path
@@ -244,3 +245,44 @@ def test_lora_adapters_reach_vllm_through_the_fold(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 3 and all(r["mismatch/tokens"] > 0 and r["mismatch/abs_max"] < 1e-3 for r in steps), steps
+
+
+def test_a_saved_adapter_loads_in_vllm_as_it_is(tmp_path):
+    """A LoRA checkpoint is a PEFT adapter folder vLLM serves over the base model unchanged: greedy tokens and
+    log-probs equal those of a3po's merged model, and differ from the base's. Last in this file: it starts (and
+    tears down) an engine of its own."""
+    import copy
+    import os
+
+    from test_train_engine import fixed_batch
+
+    from a3po.models import lora
+    from a3po.rollout.vllm_engine import ENV
+    from a3po.trainer.checkpoint import save_engine
+
+    os.environ.update(ENV)
+    import vllm
+    from vllm.lora.request import LoRARequest
+
+    model, tok = load_policy("tiny", seed=0)
+    batch = fixed_batch(model, len(tok))
+    eng = TrainEngine(copy.deepcopy(model), load_config(None, ["actor.dtype=float32", "actor.lora.rank=8",
+                                                               "actor.lora.lr=0.05"]).actor, 4)
+    for _ in range(3):
+        eng.ppo_update(batch)
+    save_engine(eng, tmp_path / "adapter", tok)
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    llm = vllm.LLM(model=str(tmp_path / "base"), dtype="float32", enable_lora=True, max_lora_rank=8, max_loras=1,
+                   max_model_len=256, seed=0)
+    params = vllm.SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)
+    prompt = [{"prompt_token_ids": [1, 2, 3, 4, 5]}]
+    adapted = llm.generate(prompt, params, lora_request=LoRARequest("a3po", 1, str(tmp_path / "adapter")))[0].outputs[0]
+    base = llm.generate(prompt, params)[0].outputs[0]
+    merged = lora.merged(eng.model)
+    ids = torch.tensor([[1, 2, 3, 4, 5, *adapted.token_ids]])
+    with torch.no_grad():
+        want = torch.log_softmax(merged(ids).logits[0].float(), -1)
+    got = [next(iter(step.values())).logprob for step in adapted.logprobs]
+    assert all(abs(g - want[4 + i, t].item()) < TOL for i, (g, t) in enumerate(zip(got, adapted.token_ids)))
+    assert list(adapted.token_ids) != list(base.token_ids)
