@@ -97,7 +97,7 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
 def test_bench_step_puts_a_lora_arm_beside_full_training(tmp_path):
     res = a3po("bench", "step", "--model", "tiny", "--dtype", "float32", "--batch", "4", "--prompt-len", "8",
                "--output-len", "16", "--repeats", "1", "--methods", "loglinear", "--minibatches", "1",
-               "--lora-rank", "4", "--out", "out", cwd=tmp_path)
+               "--lora-rank", "4", "--memory", "--out", "out", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     full, adapted = json.loads((tmp_path / "out" / "step.json").read_text())["steps"]
     assert (full["lora_rank"], adapted["lora_rank"]) == (0, 4)
@@ -106,6 +106,8 @@ def test_bench_step_puts_a_lora_arm_beside_full_training(tmp_path):
     # full: weights and two AdamW moments of each; LoRA: the weights, and moments of the adapters only
     assert adapted["state_mb"] < 0.5 * full["state_mb"]
     assert "| loglinear | 1 | 4 |" in (tmp_path / "out" / "step.md").read_text()
+    # peak memory of one step in a fresh process each: torch itself is a few hundred MB
+    assert full["peak_rss_mb"] > 100 and adapted["peak_rss_mb"] > 100
 
 
 def rec_params(tmp_path) -> int:

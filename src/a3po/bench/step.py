@@ -18,6 +18,8 @@ Two measurements:
      measured in this run; with --lora-rank R each arm also with LoRA adapters of rank R, beside full
      training, with the trainer state each holds (weights and AdamW moments: bytes of the tensors; a LoRA
      row's GFLOP/s counts full training's FLOPs, though it skips the frozen weights' gradients, 2 of the 6);
+     with --memory, each arm's peak resident memory, from a fresh process that loads the model and trains
+     one step on the same batch (activations, gradients and AdamW state included);
   2. the proximal computation alone: the recompute forward pass against
      `proximal_logp(loglinear | linear)` on the same batch's log-probs.
 """
@@ -25,9 +27,11 @@ Two measurements:
 from __future__ import annotations
 
 import copy
+import multiprocessing as mp
 import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -47,6 +51,7 @@ from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
+PEAK_TIMEOUT_S = 900  # one arm's memory measurement: a model load and one step
 INTERPOLATIONS = ("loglinear", "linear")
 
 
@@ -77,6 +82,30 @@ def state_bytes(engine: TrainEngine) -> int:
     """What the trainer holds between steps: weights, and AdamW's moments of the trained ones."""
     moments = sum(t.nbytes for st in engine.optimizer.state.values() for t in st.values() if torch.is_tensor(t))
     return sum(p.nbytes for p in engine.model.parameters()) + moments
+
+
+def _peak_of_one_step(model: str, actor, batch, eta: int, threads: int) -> float:
+    """In a fresh process: the resident-set peak (MB) of loading the model and training one step on `batch`."""
+    import resource
+
+    torch.set_num_threads(threads)
+    base, _ = load_policy(model, dtype=torch.float32, seed=0)
+    engine = TrainEngine(base, actor, total_optimizer_steps=actor.ppo_n_minibatches)
+    engine.version = eta
+    engine.ppo_update(batch)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KB
+
+
+def peak_memory(args: StepBenchArgs, actors: dict, batch) -> dict:
+    """Each arm's `_peak_of_one_step`, one fresh process at a time."""
+    out = {}
+    for arm, actor in actors.items():
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+            job = pool.submit(_peak_of_one_step, args.model, actor, batch, args.eta, args.threads)
+            out[arm] = job.result(timeout=PEAK_TIMEOUT_S)
+        progress(f"  {arm[0]:<10} minibatches={arm[1]}{f' lora={arm[2]}' if arm[2] else ''}: "
+                 f"peak resident memory {out[arm]:.0f} MB")
+    return out
 
 
 def time_interpolation(batch, method: str, v: int, min_repeats: int = 50, min_s: float = 0.3) -> list[float]:
@@ -145,6 +174,7 @@ def run(args: StepBenchArgs) -> dict:
                 s["state"].append(held)
                 s["trainable"].append(stats["train/trainable_params"])
 
+    peaks = peak_memory(args, actors, batch) if args.memory else {}
     steps = []
     for method, m, r in arms:
         s = samples[(method, m, r)]
@@ -154,6 +184,7 @@ def run(args: StepBenchArgs) -> dict:
         steps.append({
             "method": method, "minibatches": m, "lora_rank": r, **spread(s["step"], "step"),
             "state_mb": max(s["state"]) / 1e6, "trainable_params": max(s["trainable"]),
+            "peak_rss_mb": peaks.get((method, m, r)),
             "prox_logp_s": statistics.median(s["prox"]),
             "forwards": max(s["forwards"]),  # model forward passes in one step (every micro-batch counts)
             "fwd_bwd_s": fwd_bwd, "fwd_bwd_gflops": flops / fwd_bwd / 1e9, "of_matmul": flops / fwd_bwd / 1e9 / rate,
@@ -198,8 +229,8 @@ def markdown(r: dict) -> str:
         "",
         "| prox method | minibatches | LoRA rank | step (s) | min..max | forward passes | prox forward (s) "
         "| fwd/bwd (s) | fwd/bwd GFLOP/s | of matmul | optimizer (s) | prox share | recompute / this "
-        "| trained params | weights + AdamW (MB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| trained params | weights + AdamW (MB) | peak RSS (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["steps"]:
         sp = f"{s['speedup_vs_recompute']:.2f}x" if s["speedup_vs_recompute"] else "-"
@@ -207,7 +238,8 @@ def markdown(r: dict) -> str:
                      f"| {s['step_min_s']:.2f}..{s['step_max_s']:.2f} | {s['forwards']} | {s['prox_logp_s']:.2f} "
                      f"| {s['fwd_bwd_s']:.2f} | {s['fwd_bwd_gflops']:.0f} | {s['of_matmul']:.0%} "
                      f"| {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} "
-                     f"| {s.get('trainable_params', 0) / 1e6:.2f}M | {s.get('state_mb', 0):.0f} |")
+                     f"| {s.get('trainable_params', 0) / 1e6:.2f}M | {s.get('state_mb', 0):.0f} "
+                     f"| {_opt_mb(s.get('peak_rss_mb'))} |")
     lines += ["", "### Proximal log-probs alone, same batch", "",
               "| computed by | median | min..max | forward / this |", "|---|---:|---:|---:|"]
     for p in r["prox"]:
@@ -215,6 +247,10 @@ def markdown(r: dict) -> str:
         lines.append(f"| {p['method']} | {fmt_s(p['time_median_s'])} "
                      f"| {fmt_s(p['time_min_s'])}..{fmt_s(p['time_max_s'])} | {sp} |")
     return "\n".join(lines) + "\n"
+
+
+def _opt_mb(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def main(args: StepBenchArgs) -> int:
