@@ -18,8 +18,9 @@ Two measurements:
      measured in this run; with --lora-rank R each arm also with LoRA adapters of rank R, beside full
      training, with the trainer state each holds (weights and AdamW moments: bytes of the tensors; a LoRA
      row's GFLOP/s counts full training's FLOPs, though it skips the frozen weights' gradients, 2 of the 6);
-     with --memory, each arm's peak resident memory, from a fresh process that loads the model and trains
-     one step on the same batch (activations, gradients and AdamW state included);
+     with --memory, each arm's peak resident memory, from a fresh process that loads the model, then builds
+     the engine and trains one step on the same batch (activations, gradients and AdamW state included;
+     Linux only: it reads and resets the process's peak through /proc);
   2. the proximal computation alone: the recompute forward pass against
      `proximal_logp(loglinear | linear)` on the same batch's log-probs.
 """
@@ -85,15 +86,17 @@ def state_bytes(engine: TrainEngine) -> int:
 
 
 def _peak_of_one_step(model: str, actor, batch, eta: int, threads: int) -> float:
-    """In a fresh process: the resident-set peak (MB) of loading the model and training one step on `batch`."""
-    import resource
-
+    """In a fresh process: the resident-set peak (MB) of building the engine on the loaded model and training one
+    step on `batch`. The peak is reset after loading (Linux's clear_refs): converting the built-in model's file
+    peaks higher than training a step does, and would hide the difference between arms."""
     torch.set_num_threads(threads)
     base, _ = load_policy(model, dtype=torch.float32, seed=0)
+    Path("/proc/self/clear_refs").write_text("5")
     engine = TrainEngine(base, actor, total_optimizer_steps=actor.ppo_n_minibatches)
     engine.version = eta
     engine.ppo_update(batch)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KB
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024  # kB
 
 
 def peak_memory(args: StepBenchArgs, actors: dict, batch) -> dict:
