@@ -106,7 +106,7 @@ def test_bench_step_puts_a_lora_arm_beside_full_training(tmp_path):
     # full: weights and two AdamW moments of each; LoRA: the weights, and moments of the adapters only
     assert adapted["state_mb"] < 0.5 * full["state_mb"]
     assert "| loglinear | 1 | 4 |" in (tmp_path / "out" / "step.md").read_text()
-    # peak memory of one step in a fresh process each: torch itself is a few hundred MB
+    # peak memory of two steps in a fresh process each: torch itself is a few hundred MB
     assert full["peak_rss_mb"] > 100 and adapted["peak_rss_mb"] > 100
 
 

@@ -193,7 +193,7 @@ class StepBenchArgs(BenchArgs):
     lora_rank: int = option(0, "R > 0: every arm also runs with LoRA adapters of rank R (actor.lora.rank) beside "
                                "full training", ge=0)
     memory: bool = option(False, "also each arm's peak resident memory: a fresh process loads the model and "
-                                 "trains one step on the batch")
+                                 "trains two steps on the batch")
     eta: int = 2  # the spread of token versions in the batch; not an option
     out: str = option("runs/bench-step", "output folder (suffixed -2, -3, ... if taken)")
 

@@ -19,7 +19,7 @@ Two measurements:
      training, with the trainer state each holds (weights and AdamW moments: bytes of the tensors; a LoRA
      row's GFLOP/s counts full training's FLOPs, though it skips the frozen weights' gradients, 2 of the 6);
      with --memory, each arm's peak resident memory, from a fresh process that loads the model, then builds
-     the engine and trains one step on the same batch (activations, gradients and AdamW state included;
+     the engine and trains two steps on the same batch (activations, gradients and AdamW state included;
      Linux only: it reads and resets the process's peak through /proc);
   2. the proximal computation alone: the recompute forward pass against
      `proximal_logp(loglinear | linear)` on the same batch's log-probs.
@@ -52,7 +52,7 @@ from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
 CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
-PEAK_TIMEOUT_S = 900  # one arm's memory measurement: a model load and one step
+PEAK_TIMEOUT_S = 900  # one arm's memory measurement: a model load and two steps
 INTERPOLATIONS = ("loglinear", "linear")
 
 
@@ -86,15 +86,16 @@ def state_bytes(engine: TrainEngine) -> int:
 
 
 def _peak_of_one_step(model: str, actor, batch, eta: int, threads: int) -> float:
-    """In a fresh process: the resident-set peak (MB) of building the engine on the loaded model and training one
-    step on `batch`. The peak is reset after loading (Linux's clear_refs): converting the built-in model's file
+    """In a fresh process: the resident-set peak (MB) of building the engine on the loaded model and training two
+    steps on `batch`. The peak is reset after loading (Linux's clear_refs): converting the built-in model's file
     peaks higher than training a step does, and would hide the difference between arms."""
     torch.set_num_threads(threads)
     base, _ = load_policy(model, dtype=torch.float32, seed=0)
     Path("/proc/self/clear_refs").write_text("5")
-    engine = TrainEngine(base, actor, total_optimizer_steps=actor.ppo_n_minibatches)
-    engine.version = eta
-    engine.ppo_update(batch)
+    engine = TrainEngine(base, actor, total_optimizer_steps=2 * actor.ppo_n_minibatches)
+    for _ in range(2):  # AdamW's moments exist from the first optimizer step on: the second step holds them all
+        engine.version = eta
+        engine.ppo_update(batch)
     status = Path("/proc/self/status").read_text()
     return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024  # kB
 
