@@ -183,10 +183,15 @@ def test_bad_lora_settings_are_one_line(overrides, match):
     assert "\n" not in str(e.value)
 
 
-def test_unknown_target_module_names_the_linear_layers(tiny):
+@pytest.mark.parametrize("target, match", [
+    ("qkv", "'qkv' names no module.*q_proj"),
+    ("embed_tokens", "'embed_tokens' is not a linear layer"),
+    ("lm_head", "'lm_head' is the LM head, which this model ties to its embeddings"),
+])
+def test_a_target_module_must_be_an_untied_linear_layer(tiny, target, match):
     model, _ = tiny
-    with pytest.raises(ValueError, match=r"\['qkv'\] name no module.*q_proj"):
-        TrainEngine(copy.deepcopy(model), lora_cfg("actor.lora.target_modules=[qkv]"), 1)
+    with pytest.raises(ValueError, match=match):
+        TrainEngine(copy.deepcopy(model), lora_cfg(f"actor.lora.target_modules=[{target}]"), 1)
 
 
 def test_a_sequence_spanning_an_update_keeps_both_versions(setup):
@@ -255,3 +260,5 @@ def test_a_lora_run_samples_its_adapters_resumes_evaluates_and_exports(tmp_path)
     assert json.loads((tmp_path / "ev.json").read_text())["step"] == 6
     res = a3po("train", "--resume", str(run), "actor.lora.rank=8", "total_train_steps=8", cwd=tmp_path)
     assert res.returncode == 2 and "rank-4 adapter" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = a3po("train", *TINY, "actor.lora.rank=4", "actor.lora.target_modules=[qkv]", "fileroot=other", cwd=tmp_path)
+    assert res.returncode == 2 and "'qkv' names no module" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from a3po.config import ConfigError
+
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 FILE_PREFIX = "base_model.model."  # PEFT's prefix of every name in its adapter file
@@ -43,15 +45,23 @@ def _peft_config(rank: int, alpha: float, dropout: float, target_modules: list[s
 
 def attach(model, rank: int, alpha: float, dropout: float, target_modules: list[str]) -> None:
     """Adapters on `model` in place (B = 0, so the model computes what it did), everything else frozen.
-    A target that names no module is a ValueError naming it."""
+    A target that names no linear layer, or a head tied to the embeddings, is a ConfigError naming it."""
     from peft import inject_adapter_in_model
 
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()} | {n for n, _ in model.named_modules()}
-    unknown = [t for t in target_modules if t not in names]
-    if unknown:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ValueError(f"actor.lora.target_modules: {unknown} name no module of {type(model).__name__}; "
-                         f"its linear layers are {linear}")
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    head = model.get_output_embeddings()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    for t in target_modules:
+        found = [m for n, m in model.named_modules() if n == t or n.endswith("." + t)]
+        if not found:
+            raise ConfigError(f"actor.lora.target_modules: {t!r} names no module of {type(model).__name__}; "
+                             f"its linear layers are {linear}")
+        if not all(isinstance(m, torch.nn.Linear) for m in found):
+            raise ConfigError(f"actor.lora.target_modules: {t!r} is not a linear layer (adapters here are for linear "
+                             f"layers: {linear})")
+        if tied and any(m is head for m in found):
+            raise ConfigError(f"actor.lora.target_modules: {t!r} is the LM head, which this model ties to its "
+                             "embeddings: a folded adapter would change both; leave it out")
     inject_adapter_in_model(_peft_config(rank, alpha, dropout, target_modules), model)
     for name, p in model.named_parameters():
         p.requires_grad_(any(f".{part}." in name for part in _PARTS))
