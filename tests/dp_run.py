@@ -24,7 +24,7 @@ from a3po.trajectories import Trajectory, collate
 # two minibatches of 5 rows and a small token budget: the ranks get unequal rows and micro-batch counts
 OVERRIDES = ["actor.dtype=float32", "actor.optimizer.lr=1e-3", "actor.ppo_n_minibatches=2",
              "actor.mb_spec.max_tokens_per_mb=24", "total_train_steps=4"]
-LORA = ["actor.lora.rank=4"]  # --lora: adapters only (their learning rate 10 x the full one's)
+LORA = ["actor.lora.rank=4", "actor.lora.lr=1e-2"]  # --lora: adapters only
 
 
 def fixed_batch(model, seed: int, n: int = 10, group: int = 5):

@@ -14,6 +14,7 @@ import torch
 from test_train_engine import fixed_batch
 
 from a3po.config import ConfigError, load_config
+from a3po.config.schema import LORA_LR_FACTOR
 from a3po.models import lora
 from a3po.rollout.local import LocalEngine
 from a3po.trainer.checkpoint import load_engine, save_engine
@@ -73,7 +74,7 @@ def test_only_adapters_train_and_publish(setup):
     assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
     assert eng.optimizer.param_groups[0]["lr"] == 5e-3
     relative = TrainEngine(copy.deepcopy(model), load_config(None, ["actor.lora.rank=4"]).actor, 4)
-    assert relative.optimizer.param_groups[0]["lr"] == pytest.approx(10 * plain_cfg().optimizer.lr)
+    assert relative.optimizer.param_groups[0]["lr"] == pytest.approx(LORA_LR_FACTOR * plain_cfg().optimizer.lr)
     stats = eng.ppo_update(batch)
     assert all(torch.equal(v, eng.model.state_dict()[k]) for k, v in frozen.items())
     full = sum(p.numel() for p in model.parameters())

@@ -63,7 +63,7 @@ class MicroBatchConfig:
     max_tokens_per_mb: int = opt(4096, "token budget of one micro-batch in the training forward/backward pass", ge=1)
 
 
-LORA_LR_FACTOR = 10.0  # actor.lora.lr's default, relative to actor.optimizer.lr
+LORA_LR_FACTOR = 30.0  # actor.lora.lr's default, relative to actor.optimizer.lr (docs/results.md, LoRA)
 
 
 @dataclass
