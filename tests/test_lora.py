@@ -263,3 +263,16 @@ def test_a_lora_run_samples_its_adapters_resumes_evaluates_and_exports(tmp_path)
     assert res.returncode == 2 and "rank-4 adapter" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     res = a3po("train", *TINY, "actor.lora.rank=4", "actor.lora.target_modules=[qkv]", "fileroot=other", cwd=tmp_path)
     assert res.returncode == 2 and "'qkv' names no module" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_smollm2_rank_16_publishes_at_most_3_percent_of_full_training():
+    """What one version costs the weight sync: SmolLM2's rank-16 adapters on every body linear against the state
+    full training publishes (every weight, the tied embedding under both its names)."""
+    from a3po.models import load_policy
+
+    model, _ = load_policy("smollm2-135m-instruct")
+    full = sum(t.numel() * 4 for t in model.state_dict().values())  # fp32 in both transports
+    lora.attach(model, 16, 32.0, 0.0, [])
+    adapters = sum(t.numel() * 4 for t in lora.published(model, 2.0).values())
+    assert adapters <= 0.03 * full
