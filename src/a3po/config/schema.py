@@ -79,8 +79,12 @@ class LoraConfig:
                                  f"null = {LORA_LR_FACTOR:g} x actor.optimizer.lr: adapters want a larger one", gt=0)
 
     @property
+    def alpha_value(self) -> float:
+        return self.alpha if self.alpha is not None else 2.0 * self.rank
+
+    @property
     def scale(self) -> float:
-        return (self.alpha if self.alpha is not None else 2.0 * self.rank) / max(1, self.rank)
+        return self.alpha_value / max(1, self.rank)
 
     def learning_rate(self, full: float) -> float:
         return self.lr if self.lr is not None else LORA_LR_FACTOR * full

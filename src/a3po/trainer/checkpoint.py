@@ -197,7 +197,7 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
     d.mkdir(parents=True, exist_ok=True)
     if engine.lora is not None:  # the adapter alone, in PEFT's format; the base is the run's actor.path
         lc = engine.lora
-        lora.save(engine.full_model, d, lc.rank, lc.rank * lc.scale, lc.dropout, lc.target_modules,
+        lora.save(engine.full_model, d, lc.rank, lc.alpha_value, lc.dropout, lc.target_modules,
                   engine.cfg.path)
     else:
         engine.full_model.save_pretrained(d, safe_serialization=True)
@@ -209,7 +209,6 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
             "optimizer": optimizer,
             "ranks": engine.dp.world if engine.dp else 1,
             "scheduler": engine.scheduler.state_dict(),
-            "lora_rank": engine.lora.rank if engine.lora is not None else 0,
             "torch_rng": torch.get_rng_state(),
         }, f)
 

@@ -154,7 +154,7 @@ class TrainEngine:
             enable()
         self.lora = cfg.lora if cfg.lora.rank > 0 else None
         if self.lora is not None:
-            lora.attach(self.model, self.lora.rank, self.lora.rank * self.lora.scale, self.lora.dropout,
+            lora.attach(self.model, self.lora.rank, self.lora.alpha_value, self.lora.dropout,
                         self.lora.target_modules)
             if cfg.gradient_checkpointing:  # frozen embeddings: the checkpointed layers' input needs a gradient
                 self.model.enable_input_require_grads()
