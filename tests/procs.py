@@ -140,3 +140,30 @@ def steps_logged(run_dir: Path) -> int:
 
 def metrics_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@contextlib.contextmanager
+def served(*args: str, timeout: float = 180):
+    """`a3po serve *args` on a free port of 127.0.0.1: yields (process, base URL) once it says it is serving; the
+    process is stopped (SIGTERM, then killed) when the block ends."""
+    import select
+
+    proc = subprocess.Popen([*CLI, "serve", "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        said = [""]
+        while "a3po serve: serving" not in said[-1]:
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, f"a3po serve did not start ({proc.poll()}): {''.join(said)}"
+            if select.select([proc.stdout], [], [], min(left, 1.0))[0]:
+                said.append(proc.stdout.readline())
+        yield proc, said[-1].split(" at ", 1)[1].split()[0]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=EXIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -5,11 +5,11 @@ Layers, lowest first (a module may import its own package and any lower layer, n
     algo      the algorithm as pure functions, and every variant's name
     config    the schema, its loader and generated docs; devices resolves its choices to torch objects
     records   data, models, trajectories            what flows between processes
-    envs      multi-turn environments               user code run beside the rollout workers
+    envs      multi-turn environments, reward services, the chat protocol   beside the rollout workers
     process   rollout, sync, trainer                one process kind each (sync: between them)
     launch    starting those processes, locally or on Ray
     pipeline  the run: admission, the worker pool, the loop, evaluation, logs
-    entry     bench, cli, heldout (`a3po eval`), export (`a3po export`)
+    entry     bench, cli, heldout (`a3po eval`), export (`a3po export`), serve (`a3po serve`)
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ LAYERS = [
     {"algo"},
     {"config", "devices", "metrics"},
     {"data", "models", "trajectories"},
-    {"envs"},
+    {"envs", "services", "serving"},
     {"rollout", "sync", "trainer"},
     {"launch"},
     {"pipeline"},
-    {"bench", "cli", "export", "heldout"},
+    {"bench", "cli", "export", "heldout", "serve"},
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

@@ -19,7 +19,8 @@ from a3po.algo.prox import APPROXIMATIONS
 from a3po.metrics import NAMESPACES, PLACEHOLDER, REGISTRY, declaring, is_family, namespace, placeholders
 
 # Conditional entries no run here reaches, with where they are exercised instead.
-NOT_EXERCISED = {"perf/ranks_sync_s": "needs two trainer ranks; tests/test_parallel.py trains with them"}
+NOT_EXERCISED = {"perf/ranks_sync_s": "needs two trainer ranks; tests/test_parallel.py trains with them",
+                 "rollout/reward_service_s": "needs a reward service; tests/test_services_e2e.py checks it"}
 
 RUNS = {
     "metrics-2w-kl": ["actor.prox_logp_method=metrics", "rollout.n_workers=2", "actor.kl_ctl=0.1",

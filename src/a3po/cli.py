@@ -3,6 +3,7 @@
     a3po train [--preset NAME] [--config FILE] [--resume RUN_DIR] [key=value ...]
     a3po eval RUN_OR_MODEL [--samples K] [key=value ...]   held-out accuracy with its interval
     a3po export RUN_OR_CHECKPOINT --out DIR       one plain model folder (a LoRA adapter folded in)
+    a3po serve [--model PATH] [--port N]           a model as an OpenAI-compatible chat server on 127.0.0.1
     a3po config [--config FILE] [key=value ...]     print the resolved configuration
     a3po bench step [options]                      time one training step per proximal method
     a3po bench rollout [options]                   rollout tokens/s per engine and dtype, log-prob gap
@@ -122,6 +123,20 @@ def _export(args) -> int:
         return bad_input("error", e)
 
 
+def _serve(args) -> int:
+    from a3po.models import ModelSourceError
+
+    if args.max_tokens < 1 or not 0 <= args.port < 65536:
+        return bad_input("usage error", ValueError("--max-tokens must be at least 1 and --port in 0..65535"))
+    with signals.deferred():
+        from a3po import serve
+    try:
+        return serve.main(serve.ServeArgs(args.model, args.host, args.port, args.backend, args.dtype, args.device,
+                                          args.max_tokens, args.name, args.seed))
+    except (ModelSourceError, ValueError, OSError) as e:
+        return bad_input("error", e)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="a3po",
@@ -165,6 +180,26 @@ def build_parser() -> argparse.ArgumentParser:
                                     "run's base model.")
     ex.add_argument("target", metavar="RUN_OR_CHECKPOINT", help="a run folder or one of its checkpoints")
     ex.add_argument("--out", required=True, metavar="DIR", help="the new model folder")
+
+    sv = sub.add_parser("serve", help="a model as an OpenAI-compatible chat server on 127.0.0.1 (e.g. a judge)",
+                        description="Serve a model (a built-in name, a model folder, a hub id, or a run's exported "
+                                    "model) at http://HOST:PORT/v1 with POST /v1/chat/completions and GET /v1/models. "
+                                    "The first line printed names the URL once the model is loaded.")
+    from a3po.config.choices import Backend, Dtype
+    from a3po.config.schema import ActorConfig
+    from a3po.serve import ServeArgs
+
+    sv.add_argument("--model", default=ActorConfig.path, help="what to serve (default: %(default)s)")
+    sv.add_argument("--host", default=ServeArgs.host, help="address to listen on (default: %(default)s, loopback "
+                                                           "only; anything else exposes the model to the network)")
+    sv.add_argument("--port", type=int, default=ServeArgs.port, help="port (default: 0, a free one)")
+    sv.add_argument("--backend", default=ServeArgs.backend, choices=Backend.CHOICES, help="inference engine")
+    sv.add_argument("--dtype", default=ServeArgs.dtype, choices=Dtype.CHOICES, help="weights' dtype")
+    sv.add_argument("--device", default=ServeArgs.device, help="auto, cpu, cuda or cuda:N")
+    sv.add_argument("--max-tokens", type=int, default=ServeArgs.max_tokens,
+                    help="the most tokens one reply may generate (default: %(default)s)")
+    sv.add_argument("--name", help="the model name it reports (default: --model)")
+    sv.add_argument("--seed", type=int, default=ServeArgs.seed, help="sampling seed of requests without one")
 
     show = sub.add_parser("config", help="print the resolved configuration as YAML", epilog=keys_help(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -226,6 +261,8 @@ def _main(argv: list[str] | None) -> int:
         return _eval(args)
     if args.command == "export":
         return _export(args)
+    if args.command == "serve":
+        return _serve(args)
     try:
         if getattr(args, "resume", None):
             if args.config or args.preset:

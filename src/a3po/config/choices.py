@@ -79,3 +79,21 @@ class EpisodeEnd:
     CONTEXT = "context"  # the next observation would not fit train_dataset.max_context_tokens
     ENV_ERROR = "env_error"  # the environment raised, hung or returned the wrong type
     CHOICES = (DONE, MAX_TURNS, CONTEXT, ENV_ERROR)
+
+
+class ServiceKind:
+    """reward_service.kind: a reward from a model behind HTTP (a3po/rewards/)."""
+
+    NONE = "none"
+    JUDGE = "judge"  # an OpenAI-compatible chat model asked to grade, its score parsed from the answer
+    SCORER = "scorer"  # a server that scores {prompt, completion} batches (a reward model)
+    CHOICES = (NONE, JUDGE, SCORER)
+
+
+class OnFailure:
+    """reward_service.on_failure: what a completion the service could not score becomes."""
+
+    ZERO = "zero"  # scores 0, counted as a reward failure
+    DROP = "drop"  # its group is dropped and refilled from the dataset
+    STOP = "stop"  # the run stops with the reason
+    CHOICES = (ZERO, DROP, STOP)

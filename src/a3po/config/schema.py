@@ -18,7 +18,18 @@ from typing import Any
 
 from a3po.algo import variants
 from a3po.algo.schedule import LR_SCHEDULES
-from a3po.config.choices import AUTO, Backend, Device, DpMode, Dtype, Forward, Launcher, WeightUpdate
+from a3po.config.choices import (
+    AUTO,
+    Backend,
+    Device,
+    DpMode,
+    Dtype,
+    Forward,
+    Launcher,
+    OnFailure,
+    ServiceKind,
+    WeightUpdate,
+)
 
 
 def opt(default: Any, help: str, **rules: Any) -> Any:
@@ -235,6 +246,42 @@ class DatasetConfig:
                                     "episode (the environment's process is restarted) and counts as a failure", gt=0)
 
 
+JUDGE_TEMPLATE = ("Question: {question}\nReference answer: {answer}\nStudent answer: {completion}\n"
+                  "Is the student's final answer correct? Reply with a score from 0 (wrong) to 10 (correct).")
+
+
+@dataclass
+class RewardServiceConfig:
+    kind: str = opt(ServiceKind.NONE, "a reward from a model behind HTTP, weighted into train_dataset.reward's: "
+                                      "none, judge (an OpenAI-compatible chat model grades each completion with "
+                                      "`template`, its score parsed from the answer) or scorer (POSTs "
+                                      "{prompt, completion} batches, reads scores); docs/training.md",
+                    choices=ServiceKind.CHOICES)
+    url: str | None = opt(None, "judge: the server's base URL, e.g. http://127.0.0.1:8011/v1 (`a3po serve`); "
+                                "scorer: the URL batches are POSTed to")
+    model: str = opt("", "the model name sent with each request (judge: the served model's id)")
+    template: str = opt(JUDGE_TEMPLATE, "judge: the user message it gets; {question}, {answer} (the reference) and "
+                                        "{completion} are filled in")
+    score_regex: str = opt(r"(-?[0-9]+(?:\.[0-9]+)?)", "judge: the score is the last match in its answer of this "
+                                                       "regular expression's first group")
+    score_max: float = opt(10.0, "judge: the parsed score is divided by this (0..10 becomes 0..1)", gt=0)
+    max_tokens: int = opt(32, "judge: the most tokens the judge writes", ge=1)
+    weight: float = opt(1.0, "the reward is rule_weight x train_dataset.reward + weight x the service's score")
+    rule_weight: float = opt(1.0, "weight of train_dataset.reward in the sum; 0 = the service's score alone")
+    batch_size: int = opt(8, "scorer: completions per request (a group of n takes ceil(n / batch_size) requests)",
+                          ge=1)
+    max_concurrency: int = opt(4, "requests in flight at once, per rollout worker", ge=1)
+    timeout_s: float = opt(30.0, "deadline of one request", gt=0)
+    retries: int = opt(3, "attempts after a failed one (no answer, a timeout, 429 or 5xx); other answers are not "
+                          "retried", ge=0)
+    backoff_s: float = opt(0.5, "wait before the first retry, doubled for each next one, times a random 0.5..1.5",
+                           ge=0)
+    on_failure: str = opt(OnFailure.ZERO, "a completion the service could not score: zero (its service score is 0, "
+                                          "counted in rollout/reward_failures), drop (its group is dropped and "
+                                          "refilled from the dataset) or stop (the run stops with the reason)",
+                          choices=OnFailure.CHOICES)
+
+
 @dataclass
 class EvalConfig:
     freq_steps: int = opt(8, "evaluate held-out greedy accuracy every this many steps; 0 disables", ge=0)
@@ -290,6 +337,7 @@ class Config:
     gconfig: GenerationConfig = section(GenerationConfig, "sampling")
     rollout: RolloutConfig = section(RolloutConfig, "asynchronous rollout")
     train_dataset: DatasetConfig = section(DatasetConfig, "training data and reward")
+    reward_service: RewardServiceConfig = section(RewardServiceConfig, "a reward from a model served over HTTP")
     evaluator: EvalConfig = section(EvalConfig, "held-out evaluation")
     saver: SaverConfig = section(SaverConfig, "checkpoints")
     logging: LoggingConfig = section(LoggingConfig, "metrics sinks")
@@ -340,6 +388,18 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts, (
             f"null or at least train_dataset.batch_size={d.batch_size} with rollout.lockstep=true "
             "(a batch is admitted whole)")))
+    rs, rs_base = cfg.reward_service, RewardServiceConfig()
+    if rs.kind == ServiceKind.NONE:
+        for name in vars(rs):
+            if name != "kind" and getattr(rs, name) != getattr(rs_base, name):
+                problems.append((f"reward_service.{name}", getattr(rs, name),
+                                 "only used with reward_service.kind=judge or scorer; set a kind or drop this key"))
+    else:
+        if not rs.url or not rs.url.startswith(("http://", "https://")):
+            problems.append(("reward_service.url", rs.url, f"an http:// URL of the {rs.kind}"))
+        if d.env is not None:
+            problems.append(("reward_service.kind", rs.kind, (
+                "none with train_dataset.env: an environment gives its episodes' rewards itself")))
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))

@@ -53,7 +53,7 @@ from a3po.pipeline.admission import Admission
 from a3po.pipeline.pool import Lost, WorkerError
 from a3po.rollout.worker import GroupDone, Ready, WeightsLoaded, Work
 
-MAX_REFILLS_PER_SLOT = 4  # dynamic filtering gives up on a slot after this many all-equal groups
+MAX_REFILLS_PER_SLOT = 4  # a slot is refilled at most this often (dynamic filtering, groups dropped by a service)
 NOT_LOADED = -2  # acknowledged version of a worker that is being replaced: below every version waited for
 MAX_SEQUENCES_IN_FLIGHT = 1024  # cap of max_concurrent_rollouts=null, in sequences (groups x n_samples)
 POLL_S = 0.05  # how long the controller blocks on the workers' queue before it looks at admission again
@@ -75,6 +75,7 @@ class Collected:
     groups: list[GroupDone]
     wait_s: float
     filtered: int
+    dropped: int = 0  # groups the reward service failed on, refilled (reward_service.on_failure=drop)
 
 
 @dataclass
@@ -119,6 +120,7 @@ class Controller:
         self._acked = [version] * cfg.rollout.n_workers  # newest version each worker loaded
         self._clocks = [WorkerClock() for _ in range(cfg.rollout.n_workers)]
         self._filtered = 0
+        self._dropped = 0
         self._groups_done = 0
         self._load_s: list[float] = []
         self._last_msg = clock()
@@ -149,7 +151,8 @@ class Controller:
                 self._slot_cursor.pop(s, None)
                 self._refills.pop(s, None)
             filtered, self._filtered = self._filtered, 0
-        return Collected(groups, time.perf_counter() - t0, filtered)
+            dropped, self._dropped = self._dropped, 0
+        return Collected(groups, time.perf_counter() - t0, filtered, dropped)
 
     def wait_loaded(self, version: int) -> None:
         """Block until every worker has loaded `version` (the shared buffer is then free)."""
@@ -292,9 +295,13 @@ class Controller:
         rewards = [t.reward for t in msg.trajectories]
         uninformative = max(rewards) == min(rewards)
         refills = self._refills.get(msg.slot, 0)
-        if self.cfg.train_dataset.dynamic_filtering and uninformative and refills < MAX_REFILLS_PER_SLOT:
+        filtered = self.cfg.train_dataset.dynamic_filtering and uninformative
+        if (filtered or msg.dropped) and refills < MAX_REFILLS_PER_SLOT:
             self._refills[msg.slot] = refills + 1
-            self._filtered += 1
+            if msg.dropped:  # past the cap it trains, its failures counted against max_reward_failure_frac
+                self._dropped += 1
+            else:
+                self._filtered += 1
             self.admission.done(msg.slot, refill=True)
             return
         self.admission.done(msg.slot)

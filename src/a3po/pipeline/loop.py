@@ -22,7 +22,7 @@ import time
 
 from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rewards, staleness_stats
 from a3po.config import Config
-from a3po.config.choices import EpisodeEnd
+from a3po.config.choices import EpisodeEnd, ServiceKind
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.pipeline.controller import Controller, Snapshot
@@ -114,7 +114,7 @@ class Trainer:
         failures = [f for g in got.groups for f in g.reward_failures]
         if len(failures) > cfg.train_dataset.max_reward_failure_frac * len(trajs):
             raise RewardFailureError(
-                f"the {'environment' if cfg.train_dataset.env else 'reward function'} failed on {len(failures)} of "
+                f"the {'environment' if cfg.train_dataset.env else 'reward'} failed on {len(failures)} of "
                 f"{len(trajs)} samples at step {v + 1} (first: {failures[0]}); fix it, or raise "
                 f"train_dataset.max_reward_failure_frac"
             )
@@ -156,6 +156,7 @@ class Trainer:
             "rollout/truncated_frac": sum(t.finish_reason == "length" for t in trajs) / max(1, len(trajs)),
             "rollout/reward_failures": float(len(failures)),
             "rollout/filtered_groups": float(got.filtered),
+            "rollout/dropped_groups": float(got.dropped),
             "rollout/worker_restarts": float(now.worker_restarts),  # over the run so far
             "rollout/two_version_frac": sum(len(set(t.generated_versions)) > 1 for t in trajs) / max(1, len(trajs)),
             # groups admitted for later versions when the update ended: how far rollout ran ahead
@@ -167,6 +168,8 @@ class Trainer:
             "perf/tokens_per_s": gen_tokens / step_s,
         })
         stats.update(episode_stats(trajs))
+        if cfg.reward_service.kind != ServiceKind.NONE:
+            stats["rollout/reward_service_s"] = sum(g.service_s for g in got.groups) / max(1, len(got.groups))
         self._last = now
         return stats
 

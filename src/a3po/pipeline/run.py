@@ -44,6 +44,7 @@ from a3po.pipeline.sinks import Sinks, check_backends
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
 from a3po.rollout.worker import Scoring
+from a3po.services import ServiceConfigError, check_service
 from a3po.signals import Stopped
 from a3po.trainer import parallel, ranks
 from a3po.trainer.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
@@ -159,6 +160,10 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
     check_launcher(cfg)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
+    try:
+        check_service(cfg.reward_service)
+    except ServiceConfigError as e:
+        raise ConfigError(str(e)) from None
     scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn))
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     if scoring.env is not None:

@@ -24,8 +24,8 @@ def encode_prompt(tokenizer, example: Example, system_prompt: str | None) -> lis
     return encode_messages(tokenizer, build_messages(example, system_prompt))
 
 
-def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

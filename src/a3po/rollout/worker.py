@@ -13,6 +13,13 @@ with an environment (train_dataset.env), as many multi-turn episodes of one exam
 Messages in:  Work (one prompt group), LoadWeights (version), Stop.
 Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, Heartbeat, WorkerFailed.
 
+With a reward service (reward_service.kind, a3po/services/) a finished group's completions go
+to it at the same time as to the reward function; its requests run on the service client's
+threads, so the decode loop never waits on them, and the group is sent once both have answered
+(reward = rule_weight x rule + weight x service). A completion the service could not score
+follows reward_service.on_failure: its service score is 0, its group is dropped (refilled
+from the dataset), or the worker fails and the run stops with the reason.
+
 Each worker writes into a pipe of its own whose other end only the trainer holds, so a
 worker killed halfway through a message leaves the trainer an end of file on that pipe,
 never a torn message in a channel the other workers share. The main loop sends a
@@ -35,13 +42,14 @@ import torch
 from a3po import child
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
-from a3po.config.choices import Backend, WeightUpdate
+from a3po.config.choices import Backend, OnFailure, WeightUpdate
 from a3po.data import CallProcess, Example, RewardFn, RewardProcess
 from a3po.envs import EnvSpec
 from a3po.envs.host import EnvHost
 from a3po.rollout.engine import Completion, GenerationRequest
 from a3po.rollout.episodes import Episode, EpisodeRunner, Turns
 from a3po.rollout.prompts import encode_prompt
+from a3po.services import JudgeItem, Scored, build_service
 from a3po.trajectories import Trajectory
 
 HEARTBEAT_S = 0.5  # the longest the main loop stays silent, unless one decode step takes longer
@@ -90,6 +98,8 @@ class GroupDone:
     slot: int
     trajectories: list[Trajectory]
     reward_failures: list[str] = field(default_factory=list)
+    dropped: bool = False  # reward_service.on_failure=drop: the service failed on it; refill its slot
+    service_s: float = 0.0  # the reward service's time on this group (submit to last answer)
     idle_s: float = 0.0  # the worker's cumulative idle time (nothing to generate) ...
     alive_s: float = 0.0  # ... and time since it became ready, for rollout/idle_frac
 
@@ -172,6 +182,7 @@ class _Worker:
             )
             self.engine.update_weights(self._plain(weights), version)
         self.reward = RewardProcess(scoring.reward_fn, cfg.train_dataset.reward_timeout_s)
+        self.service = build_service(cfg.reward_service)
         self.episodes = None
         if scoring.env is not None:
             env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s, what="environment")
@@ -180,6 +191,7 @@ class _Worker:
         self.groups: dict[int, tuple[Work, list]] = {}  # slot -> its completions or ended episodes so far
         self.held: dict[int, list[Work]] = {}  # lockstep: batch -> its groups received, until the cohort is whole
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
+        self.service_scores: dict[int, Scored] = {}
         self.t_ready = time.perf_counter()
         self.idle_s = 0.0
 
@@ -235,7 +247,7 @@ class _Worker:
         while episodes wait for their environment (its answer starts the next turn), else a heartbeat."""
         if self.episodes is not None and self.episodes.busy:
             return 0.002
-        return 0.02 if self.reward.pending else HEARTBEAT_S
+        return 0.02 if self.reward.pending or self.scoring else HEARTBEAT_S
 
     def finish(self, c: Completion) -> None:
         if self.episodes is not None:
@@ -247,24 +259,51 @@ class _Worker:
             return
         work, done = group
         self.scoring[slot] = (work, done, {})
-        for comp in done:  # scored in the reward process while generation goes on
-            self.reward.submit(comp.rid, self.tok.decode(comp.output_ids, skip_special_tokens=True), work.example)
+        texts = [self.tok.decode(comp.output_ids, skip_special_tokens=True) for comp in done]
+        for comp, text in zip(done, texts):  # scored in the reward process while generation goes on
+            self.reward.submit(comp.rid, text, work.example)
+        if self.service is not None:  # and by the service, on its client's threads
+            self.service.submit(slot, [JudgeItem(work.example.question, work.example.answer, t) for t in texts])
 
     def scored(self) -> None:
         """Send every group whose rewards have all arrived (whose episodes have all ended)."""
         if self.episodes is not None:
             self.ended(self.episodes.poll())
             return
+        ready = set()
         for (slot, i), reward, failure in self.reward.poll():
-            work, done, rewards = self.scoring[slot]
+            rewards = self.scoring[slot][2]
             rewards[i] = (reward, failure)
-            if len(rewards) < len(done):
+            ready.add(slot)
+        if self.service is not None:
+            for got in self.service.poll():
+                self.service_scores[got.key] = got
+                ready.add(got.key)
+        for slot in sorted(ready):
+            work, done, rewards = self.scoring[slot]
+            if len(rewards) < len(done) or (self.service is not None and slot not in self.service_scores):
                 continue
             del self.scoring[slot]
-            trajs = [Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions,
-                                reward=rewards[c.rid[1]][0], finish_reason=c.finish_reason) for c in done]
-            failures = [f for _, f in (rewards[c.rid[1]] for c in done) if f]
-            self.outbox.put(GroupDone(self.id, slot, trajs, failures, **self.clock()))
+            self.outbox.put(self._scored_group(slot, done, rewards))
+
+    def _scored_group(self, slot: int, done: list[Completion], rule: dict[int, tuple[float, str | None]]) -> GroupDone:
+        """The group with its rewards: the rule's, or with a service the weighted sum of both."""
+        rewards = [rule[c.rid[1]][0] for c in done]
+        failures = [f for _, f in (rule[c.rid[1]] for c in done) if f]
+        dropped, service_s = False, 0.0
+        if self.service is not None:
+            rs = self.cfg.reward_service
+            got = self.service_scores.pop(slot)
+            scores, service_s = got.scores, got.seconds
+            bad = [f for f in got.failures if f]
+            if bad and rs.on_failure == OnFailure.STOP:
+                raise RuntimeError(f"{bad[0]} (reward_service.on_failure=stop)")
+            dropped = bool(bad) and rs.on_failure == OnFailure.DROP
+            failures += bad
+            rewards = [rs.rule_weight * r + rs.weight * (s or 0.0) for r, s in zip(rewards, scores)]
+        trajs = [Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions, reward=r,
+                            finish_reason=c.finish_reason) for c, r in zip(done, rewards)]
+        return GroupDone(self.id, slot, trajs, failures, dropped=dropped, service_s=service_s, **self.clock())
 
     def ended(self, episodes: list[Episode]) -> None:
         for ep in episodes:
@@ -356,6 +395,8 @@ def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, 
     finally:
         if w is not None:
             w.reward.close()  # its reward process reads end of file and exits
+            if w.service is not None:
+                w.service.close()
             if w.episodes is not None:
                 w.episodes.env.close()
             w.engine.close()

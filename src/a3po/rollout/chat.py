@@ -1,0 +1,81 @@
+"""Chat requests from a loopback server's threads to an engine loop, and their replies back.
+
+The HTTP server (serving/http.py) answers on threads of its own; the engine is stepped by one
+loop (a rollout worker's, or `a3po serve`'s) and never touched from another thread. So a
+request thread puts its request in `ChatQueue`, the loop takes it between two engine steps
+(`take`), submits it, and once the completion is done hands the reply back (`Pending.reply`);
+the request thread waits for it with a deadline and answers 503 past it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from a3po.rollout.engine import Completion
+from a3po.serving.http import Unavailable
+from a3po.serving.protocol import ChatReply, ChatRequest
+
+
+@dataclass
+class Pending:
+    route: str | None
+    request: ChatRequest
+    _done: threading.Event = field(default_factory=threading.Event)
+    _reply: ChatReply | None = None
+    _error: Exception | None = None
+    abandoned: bool = False  # the request thread stopped waiting (deadline): nobody reads the reply
+
+    def reply(self, reply: ChatReply) -> None:
+        self._reply = reply
+        self._done.set()
+
+    def fail(self, error: Exception) -> None:
+        self._error = error
+        self._done.set()
+
+
+class ChatQueue:
+    def __init__(self, reply_timeout_s: float):
+        self.reply_timeout_s = reply_timeout_s
+        self._inbox: queue.Queue[Pending] = queue.Queue()
+        self._closed = False
+
+    def ask(self, route: str | None, request: ChatRequest) -> ChatReply:
+        """Called on a request thread: blocks until the engine loop replies, or the deadline passes."""
+        if self._closed:
+            raise Unavailable("the server is stopping")
+        pending = Pending(route, request)
+        self._inbox.put(pending)
+        if not pending._done.wait(self.reply_timeout_s):
+            pending.abandoned = True
+            raise Unavailable(f"no reply within {self.reply_timeout_s:g}s")
+        if pending._error is not None:
+            raise pending._error
+        return pending._reply
+
+    def take(self, block_s: float = 0.0) -> list[Pending]:
+        """Called by the engine loop: the requests that arrived, waiting up to block_s for the first."""
+        out = []
+        try:
+            out.append(self._inbox.get(timeout=block_s) if block_s > 0 else self._inbox.get_nowait())
+            while True:
+                out.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def close(self) -> None:
+        """Refuse new requests and fail the ones not yet taken."""
+        self._closed = True
+        for p in self.take():
+            p.fail(Unavailable("the server is stopping"))
+
+
+def reply_of(c: Completion, tokenizer, logprobs: bool) -> ChatReply:
+    """The reply for a finished completion: its text without special tokens, and per-token log-probs if asked."""
+    text = tokenizer.decode(c.output_ids, skip_special_tokens=True)
+    texts = [tokenizer.decode([t]) for t in c.output_ids] if logprobs else []
+    return ChatReply(text, c.finish_reason, len(c.prompt_ids), len(c.output_ids), texts,
+                     list(c.output_logprobs) if logprobs else [])

@@ -1,0 +1,117 @@
+"""`a3po serve`: a model as an OpenAI-compatible chat server on loopback, e.g. as a run's judge.
+
+    a3po serve --model smollm2-135m-instruct --port 8011
+    # a3po serve: serving smollm2-135m-instruct at http://127.0.0.1:8011/v1 (local engine)
+
+It is the rollout engine (local or vLLM) behind the same server a rollout worker gives its
+agents (serving/http.py): POST /v1/chat/completions, GET /v1/models. Requests are batched
+continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample. The first
+line on stdout names the URL once the model is loaded (port 0 picks a free port), so a
+script can wait for it. Ctrl-C or SIGTERM stops it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from a3po.serving.http import LOOPBACK, ChatServer
+from a3po.serving.protocol import BadRequest
+
+# The command line reads ServeArgs' defaults before torch loads: the engine's modules are imported where used.
+
+IDLE_WAIT_S = 0.05  # how long the loop waits for a request with nothing to generate
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    model: str
+    host: str = LOOPBACK
+    port: int = 0
+    backend: str = "local"
+    dtype: str = "auto"
+    device: str = "auto"
+    max_tokens: int = 512
+    name: str | None = None
+    seed: int = 0
+    reply_timeout_s: float = 600.0
+
+
+class EngineLoop:
+    """Takes requests off the queue, generates them in one continuous batch, replies as they finish."""
+
+    def __init__(self, engine, tokenizer, chat, max_tokens: int, max_context: int):
+        self.engine, self.tok, self.chat = engine, tokenizer, chat
+        self.max_tokens, self.max_context = max_tokens, max_context
+        self._waiting: dict = {}
+        self._n = 0
+
+    def step(self) -> None:
+        from a3po.rollout.chat import reply_of
+
+        for p in self.chat.take(0.0 if self.engine.num_pending else IDLE_WAIT_S):
+            self._submit(p)
+        for c in self.engine.step():
+            p = self._waiting.pop(c.rid)
+            p.reply(reply_of(c, self.tok, p.request.logprobs))
+
+    def _submit(self, p) -> None:
+        from a3po.rollout.engine import GenerationRequest
+        from a3po.rollout.prompts import encode_messages
+
+        r = p.request
+        try:
+            ids = encode_messages(self.tok, r.messages, r.tools)
+        except Exception as e:  # the template's own error (a role order it refuses, a bad tool)
+            p.fail(BadRequest(f"the model's chat template cannot render these messages: {e}"))
+            return
+        room = self.max_context - len(ids)
+        if room < 1:
+            p.fail(BadRequest(f"the messages are {len(ids)} tokens; this model's context is {self.max_context}"))
+            return
+        self._n += 1
+        self._waiting[self._n] = p
+        self.engine.submit(GenerationRequest(
+            ids, min(r.max_tokens or self.max_tokens, self.max_tokens, room), rid=self._n,
+            temperature=r.temperature or 1.0, top_p=r.top_p, greedy=r.temperature == 0, stop=r.stop, seed=r.seed))
+
+
+def build_engine(args: ServeArgs):
+    """(engine, tokenizer, context length) for the model."""
+    from a3po.devices import resolve_device, resolve_dtype, torch_dtype
+    from a3po.models import load_policy
+
+    device = resolve_device(args.device, "--device")
+    dtype = resolve_dtype(args.dtype, device)
+    model, tok = load_policy(args.model, dtype=torch_dtype(dtype), seed=args.seed)
+    context = getattr(model.config, "max_position_embeddings", None) or 2048
+    if args.backend == "vllm":
+        from a3po.rollout.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine.from_model(model, tok, dtype=dtype, version=0, max_batch=64, seed=args.seed)
+        return engine, tok, min(context, 2048)
+    from a3po.rollout.local import LocalEngine
+
+    model = model.to(device)
+    engine = LocalEngine(model, eos_token_ids=[tok.eos_token_id], decode=tok.decode, max_batch=64, seed=args.seed)
+    return engine, tok, context
+
+
+def main(args: ServeArgs) -> int:
+    from a3po.rollout.chat import ChatQueue
+
+    engine, tok, context = build_engine(args)
+    chat = ChatQueue(args.reply_timeout_s)
+    name = args.name or args.model
+    server = ChatServer(chat.ask, name, args.host, args.port)
+    loop = EngineLoop(engine, tok, chat, args.max_tokens, context)
+    try:
+        server.start()
+        print(f"a3po serve: serving {name} at {server.url} ({args.backend} engine)", flush=True)
+        while True:
+            loop.step()
+    finally:
+        chat.close()
+        server.close()
+        engine.close()
+        sys.stdout.flush()

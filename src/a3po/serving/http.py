@@ -1,0 +1,170 @@
+"""A loopback HTTP server speaking the chat-completions protocol, on threads beside the caller's engine loop.
+
+    server = ChatServer(answer, model="smollm2")     # 127.0.0.1, a free port
+    server.start(); server.url                       # http://127.0.0.1:PORT/v1
+    ...
+    server.close()
+
+`answer(route, request)` is called on the server's request thread and blocks until the
+engine loop has the reply (rollout/chat.py hands it over); it raises BadRequest (400),
+NotFound (404) or Unavailable (503) to refuse. `route` is the first path segment before
+`/v1` (`/ep-7/v1/chat/completions` -> "ep-7"), None for `/v1/...`: a rollout worker gives
+each episode its own base URL that way. The server binds 127.0.0.1 unless told otherwise
+and, whatever it binds, answers only peers on a loopback address (403 for the others).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from a3po.serving.protocol import (
+    MAX_BODY_BYTES,
+    BadRequest,
+    ChatReply,
+    ChatRequest,
+    chat_completion,
+    error,
+    model_list,
+    parse_chat_request,
+)
+
+LOOPBACK = "127.0.0.1"
+_PATH = re.compile(r"^(?:/(?P<route>[A-Za-z0-9_.-]+))?/v1/(?P<what>chat/completions|models)/?$")
+REQUEST_READ_S = 30.0  # a client that sends its request slower than this is dropped
+
+
+class NotFound(LookupError):
+    """No such route (an episode that ended, a path the server does not have)."""
+
+
+class Unavailable(RuntimeError):
+    """The server cannot answer now (stopping, or the reply did not come within its deadline)."""
+
+
+Answer = Callable[["str | None", ChatRequest], ChatReply]
+
+
+class ChatServer:
+    def __init__(self, answer: Answer, model: str, host: str = LOOPBACK, port: int = 0):
+        self.answer, self.model = answer, model
+        self.requests = 0
+        self.refused = 0  # 4xx answers
+        handler = type("Handler", (_Handler,), {"server_ref": self})
+        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self._httpd.server_address[0]
+        return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{self.port}/v1"
+
+    def route_url(self, route: str) -> str:
+        return self.url[:-len("/v1")] + f"/{route}/v1"
+
+    def start(self) -> ChatServer:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="a3po-chat-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        self._httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_ref: ChatServer
+    protocol_version = "HTTP/1.1"
+    timeout = REQUEST_READ_S
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name; requests are not logged
+        pass
+
+    def _refuse_remote(self) -> bool:
+        try:
+            loopback = ipaddress.ip_address(self.client_address[0]).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            self._send(403, error("this server answers loopback clients only", "permission_error"))
+        return not loopback
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self._refuse_remote():
+            return
+        m = _PATH.match(self.path.split("?")[0])
+        if m is None or m["what"] != "models":
+            self._send(404, error(f"no GET {self.path}; this server has GET /v1/models", "not_found_error"))
+            return
+        self._send(200, model_list(self.server_ref.model))
+
+    def do_POST(self):  # noqa: N802
+        if self._refuse_remote():
+            return
+        server = self.server_ref
+        m = _PATH.match(self.path.split("?")[0])
+        if m is None or m["what"] != "chat/completions":
+            self._drain()
+            self._send(404, error(f"no POST {self.path}; this server has POST /v1/chat/completions",
+                                  "not_found_error"))
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self._send(411, error("send a Content-Length header with the JSON body"), close=True)
+            return
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self._send(413, error(f"the body is {length} bytes, more than {MAX_BODY_BYTES}"), close=True)
+            return
+        body = self.rfile.read(length)
+        server.requests += 1
+        try:
+            reply = server.answer(m["route"], parse_chat_request(body))
+        except BadRequest as e:
+            self._send(400, error(str(e)))
+        except NotFound as e:
+            self._send(404, error(str(e), "not_found_error"))
+        except Unavailable as e:
+            self._send(503, error(str(e), "server_error"))
+        else:
+            self._send(200, chat_completion(reply, server.model))
+
+    def _drain(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = 0
+        if 0 < length <= MAX_BODY_BYTES:
+            self.rfile.read(length)
+
+    def _send(self, status: int, payload: dict, close: bool = False) -> None:
+        if 400 <= status < 500:
+            self.server_ref.refused += 1
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client left; nothing to answer
+
+
+__all__ = ["LOOPBACK", "ChatServer", "NotFound", "Unavailable", "BadRequest"]
