@@ -5,7 +5,7 @@ Layers, lowest first (a module may import its own package and any lower layer, n
     algo      the algorithm as pure functions, and every variant's name
     config    the schema, its loader and generated docs; devices resolves its choices to torch objects
     records   data, models, trajectories            what flows between processes
-    envs      multi-turn environments, reward services, the chat protocol   beside the rollout workers
+    envs      environments, agents, reward services, the chat protocol: beside the rollout workers
     process   rollout, sync, trainer                one process kind each (sync: between them)
     launch    starting those processes, locally or on Ray
     pipeline  the run: admission, the worker pool, the loop, evaluation, logs
@@ -25,7 +25,7 @@ LAYERS = [
     {"algo"},
     {"config", "devices", "metrics"},
     {"data", "models", "trajectories"},
-    {"envs", "services", "serving"},
+    {"envs", "agents", "services", "serving"},
     {"rollout", "sync", "trainer"},
     {"launch"},
     {"pipeline"},

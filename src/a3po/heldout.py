@@ -68,6 +68,7 @@ def evaluate(t: Target, samples: int) -> dict:
     """The evaluation record: accuracy, its interval, every problem's result, what was evaluated and where."""
     import transformers
 
+    from a3po.agents import build_agent
     from a3po.data import build_reward, load_task
     from a3po.envs import build_env
     from a3po.models import load_policy, lora
@@ -78,7 +79,7 @@ def evaluate(t: Target, samples: int) -> dict:
     cfg = t.cfg
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
-    scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn))
+    scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn), build_agent(cfg.train_dataset))
     if lora.is_adapter_dir(t.model):  # a checkpoint of a LoRA run: its adapter on the run's base
         model, tok = lora.load_merged(t.model, cfg.actor.path, seed=cfg.seed)
     else:

@@ -237,11 +237,18 @@ class DatasetConfig:
     env: str | None = opt(None, "multi-turn episodes in an environment: retry (wrong answers get 'try again'), "
                                 "calculator (a <calc> tool), guess (higher/lower) or module:Class (docs/training.md); "
                                 "null = single-turn completions scored by train_dataset.reward")
-    max_turns: int = opt(4, "with env: the most model turns per episode (gconfig.max_new_tokens is per turn)", ge=1)
-    max_context_tokens: int = opt(1024, "with env: the most tokens an episode's context (prompt, turns, observations) "
-                                        "may reach; an episode that would pass it ends", ge=2)
+    max_turns: int = opt(4, "with env or agent: the most model turns (agent: model calls) per episode; "
+                            "gconfig.max_new_tokens is per turn", ge=1)
+    max_context_tokens: int = opt(1024, "with env or agent: the most tokens an episode's context (prompt, turns, "
+                                        "observations) may reach; an episode that would pass it ends (an agent's "
+                                        "request past it is refused)", ge=2)
     turn_discount: float | None = opt(None, "with env: the reward of turn k counts discount^(k-1); null = the "
                                             "environment's own (retry 0.5, guess 0.8, calculator 1)", ge=0, le=1)
+    agent: str | None = opt(None, "episodes run by your agent, module:function with async def run(example, client) "
+                                  "-> reward, client an openai.AsyncOpenAI pointed at the policy; its completions "
+                                  "train (docs/training.md, agents); null = no agent")
+    agent_timeout_s: float = opt(120.0, "with agent: an agent's whole episode deadline; past it the episode fails and "
+                                        "counts as a failure", gt=0)
     env_timeout_s: float = opt(5.0, "with env: an environment call (reset or step) running longer than this fails its "
                                     "episode (the environment's process is restarted) and counts as a failure", gt=0)
 
@@ -397,9 +404,19 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     else:
         if not rs.url or not rs.url.startswith(("http://", "https://")):
             problems.append(("reward_service.url", rs.url, f"an http:// URL of the {rs.kind}"))
-        if d.env is not None:
+        if d.env is not None or d.agent is not None:
             problems.append(("reward_service.kind", rs.kind, (
-                "none with train_dataset.env: an environment gives its episodes' rewards itself")))
+                "none with train_dataset.env or agent: an environment or an agent gives its episodes' rewards "
+                "itself (an agent may call a judge on its own)")))
+    if d.agent is not None and d.env is not None:
+        problems.append(("train_dataset.agent", d.agent, "null with train_dataset.env: an episode is run by an "
+                                                         "environment or by an agent, not both"))
+    if d.agent is not None and r.lockstep:
+        problems.append(("rollout.lockstep", True, (
+            "false with train_dataset.agent: an agent's requests arrive when its code sends them, which timing "
+            "decides")))
+    if d.agent is None and d.agent_timeout_s != DatasetConfig().agent_timeout_s:
+        problems.append(("train_dataset.agent_timeout_s", d.agent_timeout_s, "only used with train_dataset.agent"))
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))

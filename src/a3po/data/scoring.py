@@ -163,7 +163,7 @@ class CallProcess:
             self._sent.append((self._call_id, call))
             self._sent_bytes += len(call.frame)
             try:
-                _write_frame(self._proc.stdin, HEADER.pack(self._call_id) + call.frame, raw=True)
+                write_frame(self._proc.stdin, HEADER.pack(self._call_id) + call.frame, raw=True)
             except (BrokenPipeError, OSError):
                 pass  # the child is gone: the next poll sees it exit and answers for it
 
@@ -179,7 +179,7 @@ class CallProcess:
         with signals.blocked_in_children():  # a Ctrl-C while it starts is dropped by it, not a traceback
             self._proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, bufsize=0, env=env)
-        _write_frame(self._proc.stdin, self._fn_blob, raw=True)
+        write_frame(self._proc.stdin, self._fn_blob, raw=True)
         answers = self._answers
         threading.Thread(target=_read_answers, args=(self._proc.stdout, answers), name=f"a3po-{self.what}-reader",
                          daemon=True).start()
@@ -228,17 +228,17 @@ class ScoreCall:
 
 
 def _read_answers(stream: BinaryIO, answers: queue.Queue) -> None:
-    while (frame := _read_frame(stream)) is not None:
+    while (frame := read_frame(stream)) is not None:
         answers.put(pickle.loads(frame))
 
 
-def _write_frame(stream: BinaryIO, obj: Any, raw: bool = False) -> None:
+def write_frame(stream: BinaryIO, obj: Any, raw: bool = False) -> None:
     data = obj if raw else pickle.dumps(obj)
     stream.write(HEADER.pack(len(data)) + data)
     stream.flush()
 
 
-def _read_frame(stream: BinaryIO) -> bytes | None:
+def read_frame(stream: BinaryIO) -> bytes | None:
     head = stream.read(HEADER.size)
     if len(head) < HEADER.size:
         return None
@@ -276,16 +276,16 @@ def _serve() -> None:
     os.dup2(2, 1)  # the reward's prints go to stderr, not into the answers
     sys.stdout = sys.stderr
     requests = sys.stdin.buffer
-    handler = pickle.loads(_read_frame(requests))
-    while (frame := _read_frame(requests)) is not None:
+    handler = pickle.loads(read_frame(requests))
+    while (frame := read_frame(requests)) is not None:
         (call_id,), args = HEADER.unpack(frame[:HEADER.size]), pickle.loads(frame[HEADER.size:])
         try:
             value, failure = handler(*args)
         except BaseException as e:  # user code may raise anything, SystemExit included
             value, failure = None, f"{type(e).__name__}: {e}"[:300]
         try:
-            _write_frame(answers, (call_id, value, failure))
+            write_frame(answers, (call_id, value, failure))
         except Exception as e:  # a value that cannot be pickled back
-            _write_frame(answers, (call_id, None, f"unpicklable result ({type(e).__name__}: {e})"[:300]))
+            write_frame(answers, (call_id, None, f"unpicklable result ({type(e).__name__}: {e})"[:300]))
 
 

@@ -1,5 +1,5 @@
 """Held-out evaluation: greedy decoding of examples never seen in training, scored by the run's reward,
-or, with an environment, greedy episodes of them; or k sampled completions (episodes) per example.
+or, with an environment or an agent, greedy episodes of them; or k sampled completions (episodes) per example.
 
 The run evaluates with it every evaluator.freq_steps, and `a3po eval` evaluates a finished model with it,
 so a number from either is the same measurement."""
@@ -15,7 +15,8 @@ from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.episodes import EpisodeRunner, Turns
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
-from a3po.rollout.worker import Scoring, request_seed
+from a3po.rollout.worker import Scoring, request_seed, start_agents
+from a3po.trajectories import EpisodeInfo
 
 SOLVED = 1.0 - 1e-6  # a score at least this solves the example
 
@@ -54,7 +55,9 @@ class Evaluator:
                              forward=cfg.rollout.forward)
         cases = [(i, s) for i in range(len(examples)) for s in range(samples)]
         seed = lambda i, s: request_seed(cfg.seed, -1 - i, s)  # slots below 0: never a training group's
-        if self.env is not None:
+        if self.scoring.agent is not None:
+            scores, infos = self._agent_episodes(engine, tokenizer, examples, cases, seed, greedy)
+        elif self.env is not None:
             scores, infos = self._episodes(engine, tokenizer, examples, cases, seed, greedy)
         else:
             g = cfg.gconfig
@@ -92,3 +95,21 @@ class Evaluator:
                 ended[ep.eid[1:]] = ep
         eps = [ended[c] for c in cases]
         return [(ep.reward, ep.info.success) for ep in eps], [ep.info for ep in eps]
+
+    def _agent_episodes(self, engine: LocalEngine, tokenizer, examples: list[Example], cases, seed, greedy: bool):
+        runner = start_agents(engine, tokenizer, self.cfg, self.scoring.agent)
+        ended = {}
+        try:
+            for i, s in cases:
+                runner.start(("eval", i, s), examples[i], seed=seed(i, s), greedy=greedy)
+            while runner.busy:
+                runner.pump(block_s=0.002 if engine.num_pending == 0 else 0.0)
+                for c in engine.step():
+                    runner.finished_turn(c)
+                for ep in runner.poll():
+                    ended[ep.eid[1:]] = ep
+        finally:
+            runner.close()
+        eps = [ended[c] for c in cases]
+        infos = [EpisodeInfo(turns=ep.calls, success=ep.reward >= SOLVED) for ep in eps]
+        return [(ep.reward, ep.reward >= SOLVED) for ep in eps], infos

@@ -18,7 +18,10 @@ code is synchronous on-policy training.
 
 from __future__ import annotations
 
+import itertools
 import time
+
+import torch
 
 from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rewards, staleness_stats
 from a3po.config import Config
@@ -40,16 +43,22 @@ def batch_with_advantages(cfg: Config, engine: TrainEngine, trajs: list[Trajecto
     """
     a = cfg.actor
     batch = collate(trajs, pad_id=pad_id)
-    rewards = shape_rewards(batch.rewards, a.reward_scaling, a.reward_bias, a.reward_clip)
+    rewards = shaped = shape_rewards(batch.rewards, a.reward_scaling, a.reward_bias, a.reward_clip)
     stats: dict[str, float] = {}
     if a.kl_in_reward and a.kl_ctl > 0:
         t0 = time.perf_counter()
         kl = engine.reference_kl(batch)
         rewards = kl_in_reward(rewards, kl, batch.loss_mask, a.kl_ctl)
         stats = {"loss/kl_ref": float(masked_mean(kl, batch.loss_mask)), "perf/ref_kl_s": time.perf_counter() - t0}
-    adv = normalize_advantages(rewards, cfg.gconfig.n_samples, a.adv_norm.mean_level, a.adv_norm.std_level,
-                               a.adv_norm.mean_leave1out, a.adv_norm.eps)
-    return batch.with_advantages(adv), stats
+    # An agent's episode may be several rows (rollout/agents.py), sharing its reward: the group statistics run
+    # over episodes, each counted once with the KL penalties of all its rows, and every row gets its episode's
+    # advantage.
+    episode = torch.tensor(list(itertools.accumulate(int(t.part == 0) for t in trajs))) - 1
+    first = torch.tensor([t.part == 0 for t in trajs])
+    more = torch.zeros(int(episode[-1]) + 1).index_add_(0, episode, torch.where(first, 0.0, shaped - rewards))
+    adv = normalize_advantages(rewards[first] - more, cfg.gconfig.n_samples, a.adv_norm.mean_level,
+                               a.adv_norm.std_level, a.adv_norm.mean_leave1out, a.adv_norm.eps)
+    return batch.with_advantages(adv[episode]), stats
 
 
 def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:

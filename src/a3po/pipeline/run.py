@@ -26,6 +26,7 @@ import transformers
 from tqdm import tqdm
 
 from a3po import signals
+from a3po.agents import build_agent
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.config.choices import Backend, Launcher
 from a3po.data import DataError, build_reward, load_task
@@ -164,7 +165,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
         check_service(cfg.reward_service)
     except ServiceConfigError as e:
         raise ConfigError(str(e)) from None
-    scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn))
+    scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn), build_agent(cfg.train_dataset))
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     if scoring.env is not None:
         try:  # a template that cannot extend an episode by appending fails here, not in every worker

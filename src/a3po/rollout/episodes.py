@@ -58,10 +58,11 @@ class Turns:
     system_prompt: str | None = None
 
     @classmethod
-    def from_config(cls, cfg, spec: EnvSpec) -> Turns:
+    def from_config(cls, cfg, spec: EnvSpec | None) -> Turns:
+        """spec: the environment (its stop strings end a turn too); None for an agent's calls."""
         g, d = cfg.gconfig, cfg.train_dataset
-        return cls(d.max_turns, g.max_new_tokens, d.max_context_tokens, (*g.stop, *spec.stop), g.temperature,
-                   g.top_p, g.top_k, d.system_prompt)
+        return cls(d.max_turns, g.max_new_tokens, d.max_context_tokens, (*g.stop, *(spec.stop if spec else ())),
+                   g.temperature, g.top_p, g.top_k, d.system_prompt)
 
 
 @dataclass

@@ -8,7 +8,9 @@ is started: a token never carries a version older than the one its group was adm
 
 A group is `gconfig.n_samples` completions of one prompt scored by the reward function, or,
 with an environment (train_dataset.env), as many multi-turn episodes of one example
-(rollout/episodes.py), whose environment steps run in a child process of the worker.
+(rollout/episodes.py), whose environment steps run in a child process of the worker, or, with
+an agent (train_dataset.agent), as many runs of the user's agent (rollout/agents.py), which
+runs in a child process and talks to the worker's engine through a loopback chat server.
 
 Messages in:  Work (one prompt group), LoadWeights (version), Stop.
 Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, Heartbeat, WorkerFailed.
@@ -40,16 +42,21 @@ from dataclasses import dataclass, field
 import torch
 
 from a3po import child
+from a3po.agents.host import AgentProcess
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
 from a3po.config.choices import Backend, OnFailure, WeightUpdate
 from a3po.data import CallProcess, Example, RewardFn, RewardProcess
+from a3po.data.rewards import Imported
 from a3po.envs import EnvSpec
 from a3po.envs.host import EnvHost
+from a3po.rollout.agents import AgentEpisode, AgentRunner
+from a3po.rollout.chat import ChatQueue
 from a3po.rollout.engine import Completion, GenerationRequest
 from a3po.rollout.episodes import Episode, EpisodeRunner, Turns
 from a3po.rollout.prompts import encode_prompt
 from a3po.services import JudgeItem, Scored, build_service
+from a3po.serving.http import ChatServer
 from a3po.trajectories import Trajectory
 
 HEARTBEAT_S = 0.5  # the longest the main loop stays silent, unless one decode step takes longer
@@ -61,6 +68,7 @@ class Scoring:
 
     reward_fn: RewardFn
     env: EnvSpec | None = None
+    agent: Imported | None = None  # train_dataset.agent, imported in each worker's agent process
 
 
 @dataclass
@@ -188,6 +196,9 @@ class _Worker:
             env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s, what="environment")
             self.episodes = EpisodeRunner(self.engine, self.tok, scoring.env, Turns.from_config(cfg, scoring.env), env,
                                           rounds=cfg.rollout.lockstep)
+        self.agents = None
+        if scoring.agent is not None:
+            self.agents = start_agents(self.engine, self.tok, cfg, scoring.agent)
         self.groups: dict[int, tuple[Work, list]] = {}  # slot -> its completions or ended episodes so far
         self.held: dict[int, list[Work]] = {}  # lockstep: batch -> its groups received, until the cohort is whole
         self.scoring: dict[int, tuple[Work, list[Completion], dict[int, tuple[float, str | None]]]] = {}
@@ -211,9 +222,10 @@ class _Worker:
 
     def start(self, work: Work) -> None:
         g = self.cfg.gconfig
-        if self.episodes is not None:
+        runner = self.episodes or self.agents
+        if runner is not None:
             for i in range(g.n_samples):
-                self.episodes.start((work.slot, i), work.example, request_seed(self.cfg.seed, work.slot, i))
+                runner.start((work.slot, i), work.example, request_seed(self.cfg.seed, work.slot, i))
             self.groups[work.slot] = (work, [])
             return
         ids = encode_prompt(self.tok, work.example, self.cfg.train_dataset.system_prompt)
@@ -245,13 +257,16 @@ class _Worker:
     def idle_wait(self) -> float:
         """How long to wait for a message with nothing to generate: briefly while rewards are scored, very briefly
         while episodes wait for their environment (its answer starts the next turn), else a heartbeat."""
-        if self.episodes is not None and self.episodes.busy:
+        if (self.episodes is not None and self.episodes.busy) or (self.agents is not None and self.agents.busy):
             return 0.002
         return 0.02 if self.reward.pending or self.scoring else HEARTBEAT_S
 
     def finish(self, c: Completion) -> None:
         if self.episodes is not None:
             self.episodes.finished_turn(c)
+            return
+        if self.agents is not None:
+            self.agents.finished_turn(c)
             return
         slot, i = c.rid
         group = self._gathered(slot, i, c)
@@ -269,6 +284,9 @@ class _Worker:
         """Send every group whose rewards have all arrived (whose episodes have all ended)."""
         if self.episodes is not None:
             self.ended(self.episodes.poll())
+            return
+        if self.agents is not None:
+            self.ended(self.agents.poll())
             return
         ready = set()
         for (slot, i), reward, failure in self.reward.poll():
@@ -305,14 +323,17 @@ class _Worker:
                             finish_reason=c.finish_reason) for c, r in zip(done, rewards)]
         return GroupDone(self.id, slot, trajs, failures, dropped=dropped, service_s=service_s, **self.clock())
 
-    def ended(self, episodes: list[Episode]) -> None:
+    def ended(self, episodes: list[Episode] | list[AgentEpisode]) -> None:
         for ep in episodes:
             slot, i = ep.eid
             group = self._gathered(slot, i, ep)
             if group is not None:
                 done = group[1]
                 failures = [e.failure for e in done if e.failure]
-                self.outbox.put(GroupDone(self.id, slot, [e.trajectory() for e in done], failures, **self.clock()))
+                trajs = [t for e in done for t in (
+                    e.trajectories(self.tok, self.cfg.train_dataset.system_prompt) if isinstance(e, AgentEpisode)
+                    else [e.trajectory()])]
+                self.outbox.put(GroupDone(self.id, slot, trajs, failures, **self.clock()))
 
     def _gathered(self, slot: int, sample: int, item) -> tuple[Work, list] | None:
         """Add one finished sample (a completion, an episode) to its group: the group in sample order once complete."""
@@ -336,6 +357,15 @@ class _Worker:
         elif isinstance(msg, Work):
             self.start(msg)
         return True
+
+
+def start_agents(engine, tokenizer, cfg: Config, agent: Imported) -> AgentRunner:
+    """An agent runner over `engine`: its chat server on loopback, its agents' process (started with the first)."""
+    d = cfg.train_dataset
+    chat = ChatQueue(reply_timeout_s=d.agent_timeout_s)
+    server = ChatServer(chat.ask, model=cfg.actor.path).start()
+    return AgentRunner(engine, tokenizer, Turns.from_config(cfg, None), AgentProcess(agent, d.agent_timeout_s),
+                       server, chat)
 
 
 def newest_weights_first(msgs: list) -> list:
@@ -384,6 +414,8 @@ def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, 
             for m in newest_weights_first(msgs):
                 running = running and w.handle(m)
             w.release()
+            if w.agents is not None:
+                w.agents.pump()
             for c in w.engine.step():
                 w.finish(c)
             w.scored()
@@ -399,6 +431,8 @@ def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, 
                 w.service.close()
             if w.episodes is not None:
                 w.episodes.env.close()
+            if w.agents is not None:
+                w.agents.close()
             w.engine.close()
     return True
 

@@ -49,14 +49,18 @@ class Unavailable(RuntimeError):
 Answer = Callable[["str | None", ChatRequest], ChatReply]
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: every episode of a batch connects at once (the default is 5)
+
+
 class ChatServer:
     def __init__(self, answer: Answer, model: str, host: str = LOOPBACK, port: int = 0):
         self.answer, self.model = answer, model
         self.requests = 0
         self.refused = 0  # 4xx answers
         handler = type("Handler", (_Handler,), {"server_ref": self})
-        self._httpd = ThreadingHTTPServer((host, port), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, port), handler)
         self._thread: threading.Thread | None = None
 
     @property

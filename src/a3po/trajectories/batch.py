@@ -40,7 +40,9 @@ class Trajectory:
     reward: float = 0.0
     finish_reason: str = "stop"  # "stop" (end-of-sequence or stop string), "length"; episodes: see rollout/episodes.py
     output_mask: list[bool] | None = None  # which output tokens the model generated; None: all of them
-    episode: EpisodeInfo | None = None  # set on multi-turn episodes
+    episode: EpisodeInfo | None = None  # set on multi-turn episodes (on an agent's episode, on its first row)
+    part: int = 0  # an agent's episode in several rows (rollout/agents.py): this row's index; rows after the
+    # first follow it in the group and share its reward and advantage
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)

@@ -1,0 +1,264 @@
+"""Agent episodes: an agent's chat requests served by the engine and recorded token in, token out.
+
+    runner = AgentRunner(engine, tokenizer, turns, AgentProcess(agent, timeout), server, chat)
+    runner.start(eid, example, seed)          # the agent runs in its process, calling the server
+    while runner.busy:
+        runner.pump()                          # requests that arrived -> engine
+        for c in engine.step():
+            runner.finished_turn(c)            # completions -> replies, recorded
+        for episode in runner.poll(): ...      # episodes whose agent returned
+
+Each episode gets its own base URL (`/<route>/v1`, an unguessable route) on the worker's
+loopback server. A request is matched against what the episode was already served: when its
+messages begin with an earlier request's messages followed by the reply the server gave
+(content equal to the reply's text), its prompt is that earlier context's token ids (the
+model's tokens as it generated them, never re-tokenised) followed by the chat template's delta
+for the new messages, as in rollout/episodes.py. Otherwise it starts a new row from the
+rendered messages.
+
+An episode is recorded as rows: a conversation that only grows is one row; a request that
+branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
+at once) starts a new row whose prompt holds the shared prefix as context. Every generated
+token is trained in exactly one row, with loss mask 1, its behaviour log-prob and version;
+everything the agent sent gets mask 0, log-prob 0 and version -1. All rows of an episode get
+the agent's reward, and the episode's advantage (pipeline/loop.py): they are one sample of
+the group.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from a3po.config.choices import EpisodeEnd
+from a3po.data import Example
+from a3po.rollout.chat import ChatQueue, Pending, reply_of
+from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
+from a3po.rollout.episodes import Turns
+from a3po.rollout.prompts import encode_messages, encode_prompt
+from a3po.serving.http import ChatServer, NotFound
+from a3po.serving.protocol import BadRequest
+from a3po.trajectories import EpisodeInfo, Trajectory
+
+_SLOT = "\x00a3po-reply\x00"  # stands for the model's reply while the template renders around it
+
+
+def _key(messages: list[dict], tools) -> tuple:
+    """What makes two conversations the same: every message's fields, and the tools offered."""
+    tools_key = json.dumps(tools, sort_keys=True) if tools else ""
+    return (tools_key, *(json.dumps(m, sort_keys=True) for m in messages))
+
+
+@dataclass
+class Mark:
+    """A point a later request may continue from: the conversation up to a reply, and the row's length there."""
+
+    key: tuple
+    n_ids: int
+    ended_by_eos: bool
+
+
+@dataclass
+class Row:
+    ids: list[int]  # prompt and everything after
+    logprobs: list[float]
+    versions: list[int]
+    mask: list[bool]
+    marks: list[Mark] = field(default_factory=list)
+    busy: bool = False  # a request of this row is generating
+
+    def add(self, ids: list[int], logprobs=None, versions=None, generated: bool = False) -> None:
+        self.ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.versions += versions if versions is not None else [-1] * len(ids)
+        self.mask += [generated] * len(ids)
+
+    def trajectory(self, reward: float, finish: str, part: int, info: EpisodeInfo | None) -> Trajectory:
+        first = self.mask.index(True) if True in self.mask else len(self.ids)
+        return Trajectory(self.ids[:first], self.ids[first:], self.logprobs[first:], self.versions[first:],
+                          reward=reward, finish_reason=finish, output_mask=self.mask[first:], episode=info,
+                          part=part)
+
+
+@dataclass
+class _Call:
+    pending: Pending
+    row: int
+    key: tuple  # the request's conversation, without the reply
+
+
+@dataclass
+class AgentEpisode:
+    eid: Hashable
+    example: Example
+    seed: int
+    greedy: bool
+    route: str
+    rows: list[Row] = field(default_factory=list)
+    calls: int = 0
+    in_flight: int = 0
+    agent_s: float = 0.0  # time with no call of its in flight: the agent's own work (its "environment" time)
+    waiting_since: float = field(default_factory=time.perf_counter)
+    reward: float = 0.0
+    finish_reason: str | None = None
+    failure: str | None = None
+    started_at: float = field(default_factory=time.perf_counter)
+    ended_at: float = 0.0
+
+    def trajectories(self, tokenizer, system_prompt: str | None) -> list[Trajectory]:
+        rows = [r for r in self.rows if any(r.mask)]
+        info = EpisodeInfo(turns=self.calls, success=self.reward >= 1.0 - 1e-6, env_s=self.agent_s,
+                           wall_s=self.ended_at - self.started_at)
+        if not rows:  # no model token to train: the question stands in, so the group keeps its sample
+            rows = [Row(encode_prompt(tokenizer, self.example, system_prompt), [], [], [])]
+        return [r.trajectory(self.reward, self.finish_reason, i, info if i == 0 else None) for i, r in enumerate(rows)]
+
+
+class AgentRunner:
+    def __init__(self, engine: RolloutEngine, tokenizer, turns: Turns, agents, server: ChatServer, chat: ChatQueue):
+        self.engine, self.tok, self.turns, self.agents, self.server, self.chat = \
+            engine, tokenizer, turns, agents, server, chat
+        eos = tokenizer.eos_token_id
+        self.eos_text = tokenizer.decode([eos]) if eos is not None else None
+        self.running: dict[Hashable, AgentEpisode] = {}
+        self.routes: dict[str, Hashable] = {}
+        self.calls: dict[tuple, _Call] = {}  # engine rid -> the request it answers
+        self._done: list[AgentEpisode] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
+        route = secrets.token_hex(8)
+        self.running[eid] = AgentEpisode(eid, example, seed, greedy, route)
+        self.routes[route] = eid
+        self.agents.start(eid, example, self.server.route_url(route))
+
+    def pump(self, block_s: float = 0.0) -> None:
+        """Submit the requests that arrived (waiting up to block_s for one)."""
+        for p in self.chat.take(block_s):
+            try:
+                self._request(p)
+            except (BadRequest, NotFound) as e:
+                p.fail(e)
+
+    def finished_turn(self, c: Completion) -> None:
+        call = self.calls.pop(c.rid)
+        ep = self.running.get(c.rid[1])
+        if ep is None:  # its episode ended meanwhile (the agent returned or ran out of time)
+            self.engine.release((c.rid[1], call.row))
+            return
+        row = ep.rows[call.row]
+        row.busy = False
+        ep.in_flight -= 1
+        if not ep.in_flight:
+            ep.waiting_since = time.perf_counter()
+        row.add(c.output_ids, c.output_logprobs, c.output_versions, generated=True)
+        reply = reply_of(c, self.tok, call.pending.request.logprobs)
+        ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
+        said = {"role": "assistant", "content": reply.text}
+        row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))
+        call.pending.reply(reply)
+
+    def poll(self, block_s: float = 0.0) -> list[AgentEpisode]:
+        """Episodes whose agent returned, failed or ran out of time since the last poll."""
+        self.pump()
+        for eid, reward, failure in self.agents.poll(block_s):
+            ep = self.running.pop(eid, None)
+            if ep is None:
+                continue
+            del self.routes[ep.route]
+            ep.reward, ep.failure, ep.ended_at = (0.0 if failure else reward), failure, time.perf_counter()
+            if not ep.in_flight:
+                ep.agent_s += ep.ended_at - ep.waiting_since
+            ep.finish_reason = EpisodeEnd.ENV_ERROR if failure else EpisodeEnd.DONE
+            for i, row in enumerate(ep.rows):
+                if not row.busy:  # a busy row's cache goes when its completion comes back
+                    self.engine.release((eid, i))
+            self._done.append(ep)
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        self.agents.close()
+        self.chat.close()
+        self.server.close()
+
+    # -- one request ------------------------------------------------------------------
+
+    def _request(self, p: Pending) -> None:
+        eid = self.routes.get(p.route) if p.route is not None else None
+        ep = self.running.get(eid) if eid is not None else None
+        if ep is None:
+            raise NotFound("no running episode at this URL: an agent talks to the base URL its client was given, "
+                           "while its episode runs")
+        t, r = self.turns, p.request
+        if ep.calls >= t.max_turns:
+            raise BadRequest(f"this episode has made its {t.max_turns} model calls (train_dataset.max_turns)")
+        key = _key(r.messages, r.tools)
+        i, ids, extends = self._prompt(ep, key, r.messages, r.tools)
+        if len(ids) >= t.max_context:
+            raise BadRequest(f"the conversation is {len(ids)} tokens; an episode's context is at most "
+                             f"train_dataset.max_context_tokens={t.max_context}")
+        if extends:
+            row = ep.rows[i]
+            row.add(ids[len(row.ids):])
+        else:
+            row = Row([], [], [], [])
+            row.add(ids)
+            ep.rows.append(row)
+            i = len(ep.rows) - 1
+        row.busy = True
+        if not ep.in_flight:
+            ep.agent_s += time.perf_counter() - ep.waiting_since
+        ep.in_flight += 1
+        ep.calls += 1
+        rid = ("agent", eid, ep.calls)
+        self.calls[rid] = _Call(p, i, key)
+        self.engine.submit(GenerationRequest(
+            ids, min(r.max_tokens or t.max_new_tokens, t.max_new_tokens, t.max_context - len(ids)), rid=rid,
+            temperature=t.temperature, greedy=ep.greedy, stop=(*t.stop, *r.stop), seed=ep.seed * 64 + ep.calls,
+            session=(eid, i)))
+
+    def _prompt(self, ep: AgentEpisode, key: tuple, messages: list[dict], tools) -> tuple[int, list[int], bool]:
+        """(row, the request's prompt ids, whether they extend that row): from the longest earlier conversation the
+        request continues, else rendered whole as a new row."""
+        best = None
+        for i, row in enumerate(ep.rows):
+            for j, mark in enumerate(row.marks):
+                if len(mark.key) < len(key) and key[:len(mark.key)] == mark.key and \
+                        (best is None or len(mark.key) > len(best[2].key)):
+                    best = (i, j, mark)
+        if best is not None:
+            i, j, mark = best
+            row = ep.rows[i]
+            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos)
+            if delta is not None:
+                ids = row.ids[:mark.n_ids] + delta
+                return i, ids, (not row.busy and j == len(row.marks) - 1)
+        try:
+            return -1, encode_messages(self.tok, messages, tools), False
+        except Exception as e:  # the template's own error (a role order it refuses)
+            raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+
+    def _delta(self, messages: list[dict], n: int, tools, ended_by_eos: bool) -> list[int] | None:
+        """Ids after the model's reply (message n - 1) for messages n..: the rest of the template's closing of the
+        reply and the new messages, from the template's own text; None if the template renders earlier messages
+        differently once more follow (then the request is rendered whole)."""
+        said = [*messages[:n - 1], {**messages[n - 1], "content": _SLOT}]
+        try:
+            base = self.tok.apply_chat_template(said, tools=tools, tokenize=False)
+            full = self.tok.apply_chat_template([*said, *messages[n:]], tools=tools, add_generation_prompt=True,
+                                                tokenize=False)
+        except Exception:
+            return None
+        if not full.startswith(base) or _SLOT not in base:
+            return None
+        closing = base[base.rindex(_SLOT) + len(_SLOT):]
+        if ended_by_eos and self.eos_text and closing.startswith(self.eos_text):
+            closing = closing[len(self.eos_text):]
+        return self.tok.encode(closing + full[len(base):], add_special_tokens=False)

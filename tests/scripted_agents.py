@@ -1,0 +1,102 @@
+"""Agents for tests/test_agents.py, written as a user would: against the `openai` client the worker gives them.
+They run in the agent process of a rollout worker (a3po/agents/host.py), which imports this module by name."""
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+
+FOLLOW_UP = "Now check it: what is the final number?"
+
+
+async def two_turns(example, client):
+    first = [{"role": "user", "content": example.question}]
+    a = await client.chat.completions.create(model="policy", messages=first, max_tokens=6)
+    said = {"role": "assistant", "content": a.choices[0].message.content}
+    b = await client.chat.completions.create(model="policy", messages=[*first, said,
+                                             {"role": "user", "content": FOLLOW_UP}], max_tokens=6)
+    return 0.25 + 0.5 * (b.choices[0].finish_reason == "length")
+
+
+async def retry_then_continue(example, client):
+    """Two answers to the same question (a branch), then the first one continued."""
+    first = [{"role": "user", "content": example.question}]
+    a = await client.chat.completions.create(model="policy", messages=first, max_tokens=5)
+    await client.chat.completions.create(model="policy", messages=first, max_tokens=5)
+    said = {"role": "assistant", "content": a.choices[0].message.content}
+    await client.chat.completions.create(model="policy", messages=[*first, said, {"role": "user", "content": "ok"}],
+                                         max_tokens=5)
+    return 1.0
+
+
+async def parallel(example, client):
+    asks = [client.chat.completions.create(model="policy", max_tokens=4,
+                                           messages=[{"role": "user", "content": f"{example.question} ({k})"}])
+            for k in range(3)]
+    await asyncio.gather(*asks)
+    return 0.5
+
+
+def sync_agent(example, client):
+    reply = client.chat.completions.create(model="policy", max_tokens=4,
+                                           messages=[{"role": "user", "content": example.question}])
+    return float(len(reply.choices[0].message.content) >= 0)
+
+
+def _post(url: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())["error"]["message"]
+
+
+async def malformed(example, client):
+    """Bad requests to its own endpoint, then a good call: returns 1 only if every bad one was a 400 with a reason
+    and the endpoint still answered after them."""
+    url = str(client.base_url).rstrip("/") + "/chat/completions"
+    bad = [b"{oops", b'{"messages": "hi"}', b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
+           b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}']
+    answers = [await asyncio.to_thread(_post, url, body) for body in bad]
+    ok = all(status == 400 and reason for status, reason in answers)
+    reply = await client.chat.completions.create(model="policy", max_tokens=3,
+                                                 messages=[{"role": "user", "content": example.question}])
+    return float(ok and reply.choices[0].message.content is not None)
+
+
+async def wrong_url(example, client):
+    status, reason = await asyncio.to_thread(_post, str(client.base_url).replace("/v1", "x/v1") + "chat/completions",
+                                             b'{"messages": [{"role": "user", "content": "x"}]}')
+    return float(status == 404 and "no running episode" in reason)
+
+
+async def hangs(example, client):
+    await client.chat.completions.create(model="policy", max_tokens=3,
+                                         messages=[{"role": "user", "content": example.question}])
+    await asyncio.sleep(3600)
+
+
+async def blocks_its_loop(example, client):
+    time.sleep(3600)  # noqa: ASYNC251 - the mistake under test
+
+
+async def raises(example, client):
+    raise ValueError("the agent broke")
+
+
+async def returns_text(example, client):
+    return "high"
+
+
+async def too_many_calls(example, client):
+    for _ in range(5):
+        await client.chat.completions.create(model="policy", max_tokens=2,
+                                             messages=[{"role": "user", "content": example.question}])
+    return 1.0
+
+
+async def by_example(example, client):
+    """The agent named in the example's meta: one agent process holding episodes of different behaviours."""
+    return await globals()[example.meta["agent"]](example, client)

@@ -1,0 +1,225 @@
+"""Agents against a rollout worker's endpoint: a real tiny model in the local engine, the loopback chat server,
+and the agents of scripted_agents.py in a real agent process, driven as a rollout worker drives them.
+
+Proves: what an agent is served trains token in, token out (loss mask 0 on all it sent, behaviour log-probs
+equal to the model's at each token's version, a weight update between two calls of one episode carried per
+token); conversations that branch become rows that train each generated token once; bad requests are 400s
+and a stranger's URL a 404; an agent that raises, returns garbage, hangs or blocks its loop ends its own
+episode with the reason; the endpoint listens on loopback only.
+"""
+
+import copy
+import socket
+import time
+
+import pytest
+import torch
+
+from a3po.agents.host import AgentProcess
+from a3po.data import Example
+from a3po.data.rewards import Imported
+from a3po.rollout.agents import AgentRunner
+from a3po.rollout.chat import ChatQueue
+from a3po.rollout.episodes import Turns
+from a3po.rollout.local import LocalEngine
+from a3po.rollout.prompts import encode_messages
+from a3po.serving.http import ChatServer
+
+pytestmark = pytest.mark.slow
+QUESTION = "What is 3 + 4?"
+
+
+class Harness:
+    def __init__(self, tiny, timeout_s=30.0, max_turns=4, max_context=512, agent="by_example"):
+        self.model, self.tok = tiny
+        self.engine = LocalEngine(self.model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
+                                  max_batch=16, reprefill_on_update=True)
+        chat = ChatQueue(timeout_s)
+        self.server = ChatServer(chat.ask, "tiny").start()
+        self.agents = AgentProcess(Imported(f"scripted_agents:{agent}"), timeout_s)
+        self.runner = AgentRunner(self.engine, self.tok, Turns(max_turns, 8, max_context), self.agents, self.server,
+                                  chat)
+        self.n = 0
+
+    def start(self, agent: str, **example):
+        self.n += 1
+        ex = Example(example.get("question", QUESTION), "7", self.n, {"agent": agent})
+        self.runner.start(("g", self.n), ex, seed=self.n)
+
+    def run(self, on_finished=None, timeout=120.0) -> dict:
+        ended, deadline = {}, time.monotonic() + timeout
+        while self.runner.busy:
+            assert time.monotonic() < deadline, "episodes still running at the test's deadline"
+            self.runner.pump(block_s=0.002 if self.engine.num_pending == 0 else 0.0)
+            for c in self.engine.step():
+                self.runner.finished_turn(c)
+                if on_finished:
+                    on_finished(c)
+            ended.update({ep.eid[1]: ep for ep in self.runner.poll()})
+        return ended
+
+    def rows(self, ep):
+        return ep.trajectories(self.tok, None)
+
+    def close(self):
+        self.runner.close()
+
+
+@pytest.fixture
+def harness(tiny):
+    made = []
+
+    def make(**kw):
+        made.append(Harness(tiny, **kw))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def logprobs_of(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) under `model` at temperature 1, for t = 1..len-1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def test_two_calls_train_as_one_row_with_masks_log_probs_and_versions_per_token(harness):
+    h = harness()
+    original, moved = copy.deepcopy(h.model), copy.deepcopy(h.model)  # the engine updates h.model in place
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    updated = []
+
+    def update_after_the_first_call(c):
+        if not updated:
+            h.engine.update_weights(moved.state_dict(), version=1)
+            updated.append(c)
+
+    h.start("two_turns")
+    ep = h.run(update_after_the_first_call)[1]
+    assert ep.failure is None and ep.reward in (0.25, 0.75) and ep.calls == 2
+    [t] = h.rows(ep)  # the second call continued the first: one row
+    assert t.prompt_ids == encode_messages(h.tok, [{"role": "user", "content": QUESTION}])
+    mask, versions = t.output_mask, t.output_versions
+    first_turn = mask.index(False)  # the first reply, then what the agent sent, then the second reply
+    assert all(mask[:first_turn]) and set(versions[:first_turn]) == {0}
+    second = [i for i in range(first_turn, len(mask)) if mask[i]]
+    assert second and set(versions[i] for i in second) == {1} and second[-1] == len(mask) - 1
+    sent = [i for i in range(len(mask)) if not mask[i]]
+    assert all(versions[i] == -1 and t.output_logprobs[i] == 0.0 for i in sent)
+    assert "check it" in h.tok.decode([t.output_ids[i] for i in sent])  # the agent's message is masked out ...
+    assert "check it" not in h.tok.decode([t.output_ids[i] for i in range(len(mask)) if mask[i]])  # ... all of it
+    ids = t.prompt_ids + t.output_ids
+    for version, model in ((0, original), (1, moved)):
+        expected = logprobs_of(model, ids)[len(t.prompt_ids) - 1:]
+        at = [i for i in range(len(mask)) if mask[i] and versions[i] == version]
+        got = torch.tensor([t.output_logprobs[i] for i in at])
+        assert torch.allclose(got, expected[at], atol=1e-4), (version, got, expected[at])
+
+
+def test_a_conversation_that_branches_becomes_rows_that_train_each_token_once(harness):
+    h = harness()
+    served = []
+    h.start("retry_then_continue")
+    ep = h.run(lambda c: served.append(len(c.output_ids)))[1]
+    rows = h.rows(ep)
+    assert ep.calls == 3 and len(rows) == 2
+    assert [r.part for r in rows] == [0, 1] and rows[0].episode is not None and rows[1].episode is None
+    assert sum(r.n_generated for r in rows) == sum(served)  # every generated token in exactly one row
+    assert rows[1].prompt_ids == rows[0].prompt_ids  # the retry: the same question, its own answer
+    assert rows[0].output_mask.count(False) > 0  # the continuation extended the first row
+    assert all(r.reward == 1.0 for r in rows)
+
+
+def test_calls_in_flight_together_are_rows_of_their_own(harness):
+    h = harness()
+    h.start("parallel")
+    ep = h.run()[1]
+    rows = h.rows(ep)
+    assert ep.calls == 3 and len(rows) == 3 and all(all(r.output_mask) for r in rows)
+    assert sorted(h.tok.decode(r.prompt_ids).count("(") for r in rows) == [1, 1, 1]
+
+
+def test_a_plain_function_agent_gets_a_blocking_client(harness):
+    h = harness(agent="sync_agent")
+    h.start("sync_agent")
+    ep = h.run()[1]
+    assert ep.failure is None and ep.reward == 1.0 and ep.calls == 1
+
+
+def test_bad_requests_are_400s_and_a_strangers_url_is_a_404(harness):
+    h = harness()
+    h.start("malformed")
+    h.start("wrong_url")
+    ended = h.run()
+    assert ended[1].reward == 1.0 and ended[1].calls == 1  # the four bad requests never reached the engine
+    assert ended[2].reward == 1.0 and ended[2].calls == 0
+    assert [t.n_generated for t in h.rows(ended[2])] == [0]  # no model call: the question stands in
+
+
+@pytest.mark.parametrize("agent, why", [
+    ("raises", "ValueError: the agent broke"),
+    ("returns_text", "the agent returned a non-numeric reward 'high'"),
+])
+def test_an_agent_that_raises_or_returns_garbage_fails_its_own_episode(harness, agent, why):
+    h = harness()
+    h.start(agent)
+    h.start("two_turns")
+    ended = h.run()
+    assert why in ended[1].failure and ended[1].reward == 0.0 and ended[1].finish_reason == "env_error"
+    assert ended[2].failure is None and ended[2].calls == 2
+
+
+def test_a_hung_agent_ends_its_episode_at_the_deadline(harness):
+    h = harness(timeout_s=2.0)
+    h.start("hangs")
+    t0 = time.monotonic()
+    ep = h.run()[1]
+    assert "did not finish within train_dataset.agent_timeout_s=2s" in ep.failure
+    assert 2.0 <= time.monotonic() - t0 < 10 and ep.calls == 1
+    assert [t.n_generated > 0 for t in h.rows(ep)] == [True]  # what it was served still trains (reward 0)
+    assert h.agents.restarts == 0  # cancelled on its loop, nothing restarted
+
+
+def test_an_agent_blocking_its_loop_gets_its_process_replaced_and_the_next_episode_runs(harness):
+    h = harness(timeout_s=2.0)
+    h.start("blocks_its_loop")
+    ep = h.run()[1]
+    assert "did not finish within" in ep.failure
+    deadline = time.monotonic() + 10
+    while h.agents.restarts == 0:  # the cancel goes unanswered: the process is replaced after its grace
+        assert time.monotonic() < deadline, "the stuck agent process was not replaced"
+        assert h.runner.poll(block_s=0.1) == []
+    assert h.agents.restarts == 1
+    h.start("two_turns")
+    ep = h.run()[2]
+    assert ep.failure is None and ep.calls == 2
+
+
+def test_an_episode_makes_at_most_max_turns_calls_and_its_context_stays_in_bounds(harness):
+    h = harness(max_turns=2)
+    h.start("too_many_calls")
+    ep = h.run()[1]
+    assert ep.calls == 2 and "max_turns" in ep.failure and "BadRequestError" in ep.failure
+    h = harness(max_context=12)
+    h.start("two_turns")
+    ep = h.run()[1]
+    assert ep.calls == 0 and "train_dataset.max_context_tokens=12" in ep.failure
+
+
+def test_the_endpoint_listens_on_loopback_only(harness):
+    h = harness()
+    assert h.server.url.startswith("http://127.0.0.1:")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            outward = s.getsockname()[0]
+        except OSError:
+            outward = "127.0.0.1"
+    if outward.startswith("127."):
+        pytest.skip("no non-loopback interface on this machine")
+    with pytest.raises(OSError):
+        socket.create_connection((outward, h.server.port), timeout=5).close()
