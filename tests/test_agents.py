@@ -223,3 +223,22 @@ def test_the_endpoint_listens_on_loopback_only(harness):
         pytest.skip("no non-loopback interface on this machine")
     with pytest.raises(OSError):
         socket.create_connection((outward, h.server.port), timeout=5).close()
+
+
+def test_an_episode_of_several_rows_is_one_sample_of_its_group():
+    """Group statistics over episodes, not rows: an agent's episode in three rows weighs as much as one in one,
+    and every row gets its episode's advantage."""
+    from a3po.algo import normalize_advantages
+    from a3po.config import load_config
+    from a3po.pipeline.loop import batch_with_advantages
+    from a3po.trajectories import Trajectory
+
+    def row(reward, part):
+        return Trajectory([1, 2], [3, 4], [-0.5, -0.5], [0, 0], reward=reward, part=part)
+
+    cfg = load_config(None, ["gconfig.n_samples=2"])
+    rewards = [1.0, 0.0, 0.5, 0.25]  # two groups of two episodes; the first episode has three rows
+    trajs = [row(1.0, 0), row(1.0, 1), row(1.0, 2), row(0.0, 0), row(0.5, 0), row(0.25, 0)]
+    batch, _ = batch_with_advantages(cfg, None, trajs, pad_id=0)
+    expected = normalize_advantages(torch.tensor(rewards), 2)
+    assert torch.equal(batch.advantages[:, -1], expected[[0, 0, 0, 1, 2, 3]])  # per token: the last one

@@ -308,3 +308,21 @@ def test_model_flops_count_every_linear_weight_once_per_token():
     assert linear_weights(model) == (cfg.num_hidden_layers * per_layer, len(tok) * d)
     # two prompts of 5 and 7 tokens, 3 new tokens each: 5 + 2 and 7 + 2 tokens through the body, 6 through the head
     assert generation_flops(model, [5, 7], 3) == 2 * (cfg.num_hidden_layers * per_layer * 16 + len(tok) * d * 6)
+
+
+@pytest.mark.slow
+def test_bench_e2e_service_arm_trains_on_the_same_reward_through_a_slow_service_and_continues(tmp_path):
+    args = ["bench", "e2e", "--preset", "tiny", "--arms", "loglinear,service", "--service-delay-s", "0.3",
+            "total_train_steps=2", "--out", "out"]
+    res = a3po(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = {r["arm"]: r for r in rec["runs"]}
+    service, rule = rec["configs"]["service-seed1"], rec["configs"]["loglinear-seed1"]
+    assert service["reward_service"]["kind"] == "scorer" and service["reward_service"]["rule_weight"] == 0
+    assert {**service, "reward_service": rule["reward_service"]} == rule  # nothing else differs
+    assert runs["service"]["service_s_per_group"] >= 0.3 and runs["loglinear"]["service_s_per_group"] is None
+    assert 0 <= runs["service"]["idle_frac"] <= 1 and "reward service (s/group)" in (tmp_path / "out" /
+                                                                                    "results.md").read_text()
+    again = a3po(*args, cwd=tmp_path)  # the stub listens on a new port: still the same runs, nothing reruns
+    assert again.returncode == 0 and "2 already done" in again.stderr, again.stderr[-2000:]

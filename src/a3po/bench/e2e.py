@@ -20,12 +20,14 @@ directory continues it, skipping the runs already done (bench/runs.py, shared wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 from a3po.bench.args import ARM_NAMES, E2EArgs
 from a3po.bench.common import write_json
 from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, run_benchmark, summarize_run
+from a3po.bench.stub_scorer import StubScorer
 from a3po.config import ConfigError, load_config
 
 ARMS = {a.name: a for a in (
@@ -42,12 +44,16 @@ ARMS = {a.name: a for a in (
                     "cluster.n_trainer_ranks=2"),
     Arm.trains_with("ray", "A-3PO with the rollout worker a Ray actor, weights through Ray's object store",
                     "loglinear", "cluster.launcher=ray"),
+    Arm.trains_with("service", "A-3PO with the exact reward from a reward service on 127.0.0.1 that answers after "
+                    "--service-delay-s (bench/stub_scorer.py) instead of the rule", "loglinear",
+                    "reward_service.kind=scorer", "reward_service.rule_weight=0"),
 )}
 assert tuple(ARMS) == ARM_NAMES
 
 
-def arm_configs(args: E2EArgs) -> list[PlannedRun]:
-    """Every (arm, seed) configuration, validated before anything runs (`args` is checked: its arms exist)."""
+def arm_configs(args: E2EArgs, service_url: str | None = None) -> list[PlannedRun]:
+    """Every (arm, seed) configuration, validated before anything runs (`args` is checked: its arms exist);
+    service_url: where the service arm's reward service answers."""
     base = load_config(args.config, args.overrides, preset=args.preset)
     out = []
     for i in range(args.seeds):
@@ -55,6 +61,8 @@ def arm_configs(args: E2EArgs) -> list[PlannedRun]:
         for name in args.arms:
             arm = ARMS[name]
             extra = [*arm.overrides, f"seed={seed}", f"evaluator.freq_steps={base.total_train_steps}"]
+            if name == "service":
+                extra.append(f"reward_service.url={service_url}")
             try:
                 cfg = load_config(args.config, [*args.overrides, *extra], preset=args.preset)
             except ConfigError as e:
@@ -68,12 +76,14 @@ def run_key(arm: str, seed: int) -> str:
 
 
 def run(args: E2EArgs, argv: list[str]) -> tuple[dict, int]:
-    bench = Benchmark(
-        name="e2e", plan=arm_configs(args), summarize=summarize_run, write=write_results,
-        description=f"{', '.join(args.arms)} x {args.seeds} seed(s)",
-        key_of=lambda r: run_key(r["arm"], r["seed"]),  # results written before runs carried their key
-    )
-    return run_benchmark(bench, args, argv)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(StubScorer(args.service_delay_s)).url if "service" in args.arms else None
+        bench = Benchmark(
+            name="e2e", plan=arm_configs(args, url), summarize=summarize_run, write=write_results,
+            description=f"{', '.join(args.arms)} x {args.seeds} seed(s)",
+            key_of=lambda r: run_key(r["arm"], r["seed"]),  # results written before runs carried their key
+        )
+        return run_benchmark(bench, args, argv)
 
 
 def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float) -> dict:

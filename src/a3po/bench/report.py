@@ -16,6 +16,8 @@ COLUMNS = (
     ("rollout_wait_s_per_step", "rollout wait (s/step)", "{:.2f}"),
     ("weight_sync_s_per_step", "weight sync (s/step)", "{:.2f}"),
     ("ranks_sync_s_per_step", "rank sync (s/step)", "{:.2f}"),
+    ("idle_frac", "rollout idle frac", "{:.2f}"),
+    ("service_s_per_group", "reward service (s/group)", "{:.2f}"),
     ("reward_final", "final reward", "{:.3f}"),
     ("eval_initial", "held-out acc, start", "{:.3f}"),
     ("eval_final", "held-out acc, end", "{:.3f}"),

@@ -182,6 +182,8 @@ def summarize_run(rows: list[dict], cfg: Config | None = None) -> dict:
         "train_s_per_step": mean(col("perf/train_s")),
         "rollout_wait_s_per_step": mean(col("perf/rollout_wait_s")),
         "weight_sync_s_per_step": mean(col("perf/weight_sync_s")),
+        "idle_frac": mean(col("rollout/idle_frac")),
+        "service_s_per_group": mean(col("rollout/reward_service_s")),  # nan without a reward service
         "ranks_sync_s_per_step": mean(col("perf/ranks_sync_s")),  # nan with one trainer rank
         "reward_final": mean(r["rollout/reward_mean"] for r in tail),
         "reward_mean": mean(col("rollout/reward_mean")),
@@ -302,13 +304,16 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
 def same_configuration(old: dict | None, new: dict) -> bool:
     """Would `new` repeat the run recorded with `old`? Equal, except that a key the old record lacks (added to
     a3po since) counts as the same when `new` holds its default: a key's default keeps the behaviour from before
-    it existed. A changed default is a different configuration."""
+    it existed. A changed default is a different configuration. A reward service's URL may differ (the service
+    arm's stub listens on a new port each invocation)."""
     if old is None:
         return False
     defaults = yaml.safe_load(dump_yaml(Config()))
 
     def same(o: dict, n: dict, d: dict) -> bool:
         for k, v in n.items():
+            if k == "url" and o.get("kind", "none") != "none":  # a reward service's address: where, not what
+                continue
             if k not in o:
                 if not (isinstance(d, dict) and k in d and d[k] == v):
                     return False
