@@ -203,6 +203,16 @@ def test_actors_spread_over_three_nodes_get_the_weights_from_another_nodes_store
         stop_nodes(nodes)
 
 
+def test_agents_run_beside_worker_actors(ray_head, tmp_path):
+    """Each worker actor serves its agents on its own node's loopback and runs them in its own agent process."""
+    res = a3po("train", *on_ray(ray_head, "total_train_steps=2", "evaluator.freq_steps=0", "saver.freq_steps=0",
+                                "cluster.n_trainer_ranks=1", "train_dataset.agent=scripted_agents:two_turns"),
+               cwd=tmp_path, env={"PYTHONPATH": str(Path(__file__).parent)}, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [r for r in metrics(tmp_path / "runs" / "tiny") if r["step"] > 0]
+    assert len(rows) == 2 and all(r["episode/turns_mean"] == 2 and r["rollout/reward_failures"] == 0 for r in rows)
+
+
 def test_a_killed_worker_actor_is_replaced_and_no_step_is_lost(ray_head, tmp_path):
     steps = 40
     run = Run(on_ray(ray_head, f"total_train_steps={steps}", "evaluator.freq_steps=0", "saver.freq_steps=0",

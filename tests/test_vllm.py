@@ -214,6 +214,33 @@ def test_vllm_workers_run_as_ray_actors_and_train_episodes(tmp_path):
     assert all(r["episode/turns_mean"] >= 1 for r in rows if r["step"] > 0)
 
 
+def test_an_agent_trains_on_vllm(tmp_path):
+    """An agent's two calls per episode served by vLLM: the second continues the first (one row per episode),
+    with the versions the bound allows."""
+    import json
+
+    res = a3po("train", *RUN, "total_train_steps=3", "train_dataset.agent=scripted_agents:two_turns", cwd=tmp_path,
+               env={"PYTHONPATH": str(Path(__file__).parent)}, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["step"] > 0]
+    assert len(trained) == 3 and all(r["episode/turns_mean"] == 2 and r["rollout/reward_failures"] == 0
+                                     for r in trained)
+    assert all(r["stale/max"] <= 2 and 0 < r["episode/observation_token_frac"] < 1 for r in trained)
+
+
+def test_a3po_serve_on_vllm_answers_the_openai_client():
+    import openai
+    from procs import served
+
+    with served("--model", "tiny", "--backend", "vllm", "--max-tokens", "8", timeout=600) as (proc, url):
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        ask = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0)
+        first, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert 1 <= first.usage.completion_tokens <= 8
+
+
 def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_path):
     import json
 
