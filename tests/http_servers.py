@@ -12,7 +12,7 @@ class FakeService:
 
     def __init__(self, respond, delay_s: float = 0.0):
         self.respond, self.delay_s = respond, delay_s
-        self.calls, self.bodies = 0, []
+        self.calls, self.bodies, self.headers = 0, [], []
         self.in_flight = self.peak = 0
         self.hold: threading.Event | None = None
         self._lock = threading.Lock()
@@ -31,6 +31,7 @@ class FakeService:
                     service.calls += 1
                     n = service.calls
                     service.bodies.append(body)
+                    service.headers.append(dict(self.headers))
                     service.in_flight += 1
                     service.peak = max(service.peak, service.in_flight)
                 try:

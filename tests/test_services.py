@@ -130,3 +130,15 @@ def test_a_judge_answer_without_a_score_is_a_failure_quoting_it():
 def test_judge_settings_that_cannot_work_are_refused_before_the_run(kw, why):
     with pytest.raises(ServiceConfigError, match=why.replace("{", "\\{").replace("}", "\\}")):
         check_service(RewardServiceConfig(kind="judge", url="http://127.0.0.1:9/v1", **kw))
+
+
+def test_the_api_key_comes_from_the_named_environment_variable(monkeypatch):
+    with FakeService(scores_by_length) as server:
+        monkeypatch.setenv("MY_RM_KEY", "s3cret")
+        client = service("scorer", server.url, api_key_env="MY_RM_KEY")
+        client.submit("g", ITEMS[:2])
+        assert results(client)["g"].scores == [0.0, 1.0]
+        assert server.headers[-1]["Authorization"] == "Bearer s3cret"
+    monkeypatch.delenv("MY_RM_KEY")
+    with pytest.raises(ServiceConfigError, match="MY_RM_KEY.*not set"):
+        check_service(RewardServiceConfig(kind="scorer", url="http://127.0.0.1:9", api_key_env="MY_RM_KEY"))

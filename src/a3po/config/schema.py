@@ -267,6 +267,9 @@ class RewardServiceConfig:
     url: str | None = opt(None, "judge: the server's base URL, e.g. http://127.0.0.1:8011/v1 (`a3po serve`); "
                                 "scorer: the URL batches are POSTed to")
     model: str = opt("", "the model name sent with each request (judge: the served model's id)")
+    api_key_env: str | None = opt(None, "name of an environment variable holding the service's API key, sent as "
+                                        "'Authorization: Bearer <key>' (the key itself never enters a config file); "
+                                        "null = none")
     template: str = opt(JUDGE_TEMPLATE, "judge: the user message it gets; {question}, {answer} (the reference) and "
                                         "{completion} are filled in")
     score_regex: str = opt(r"(-?[0-9]+(?:\.[0-9]+)?)", "judge: the score is the last match in its answer of this "

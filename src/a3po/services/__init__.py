@@ -10,6 +10,7 @@ scorer.py) and one line in KINDS; the client behaviour is client.py's.
 
 from __future__ import annotations
 
+import os
 import re
 
 from a3po.config.choices import ServiceKind
@@ -33,10 +34,20 @@ def _judge(c: RewardServiceConfig) -> Judge:
         raise ServiceConfigError(f"reward_service.score_regex={c.score_regex!r} needs a group, e.g. ([0-9]+)")
     if "{completion}" not in c.template:
         raise ServiceConfigError("reward_service.template has no {completion}: the judge would not see the answer")
-    return Judge(c.url, c.model, c.template, c.score_regex, c.score_max, c.max_tokens)
+    return Judge(c.url, c.model, c.template, c.score_regex, c.score_max, c.max_tokens, _api_key(c))
 
 
-KINDS = {ServiceKind.JUDGE: _judge, ServiceKind.SCORER: lambda c: Scorer(c.url, c.model)}
+def _api_key(c: RewardServiceConfig) -> str | None:
+    if c.api_key_env is None:
+        return None
+    key = os.environ.get(c.api_key_env)
+    if not key:
+        raise ServiceConfigError(f"reward_service.api_key_env={c.api_key_env!r}: that environment variable is not "
+                                 f"set; export it with the service's key, or set api_key_env=null")
+    return key
+
+
+KINDS = {ServiceKind.JUDGE: _judge, ServiceKind.SCORER: lambda c: Scorer(c.url, c.model, _api_key(c))}
 
 
 def check_service(c: RewardServiceConfig) -> None:

@@ -126,10 +126,10 @@ class ServiceClient:
         return None, f"{self.name}: {why} ({tries} attempt{'s' if tries > 1 else ''})"
 
 
-def post_json(url: str, payload: dict, timeout_s: float) -> Any:
+def post_json(url: str, payload: dict, timeout_s: float, api_key: str | None = None) -> Any:
     """POST `payload` as JSON and read the JSON answer; Retry or Refused on failure, saying why."""
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": "Bearer a3po"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read()

@@ -26,8 +26,9 @@ class JudgeItem:
 class Judge:
     batch_size = 1  # one chat request per completion
 
-    def __init__(self, url: str, model: str, template: str, score_regex: str, score_max: float, max_tokens: int):
-        self.url = url.rstrip("/") + "/chat/completions"
+    def __init__(self, url: str, model: str, template: str, score_regex: str, score_max: float, max_tokens: int,
+                 api_key: str | None = None):
+        self.url, self.api_key = url.rstrip("/") + "/chat/completions", api_key
         self.model, self.template, self.score_max, self.max_tokens = model, template, score_max, max_tokens
         self.pattern = re.compile(score_regex)
 
@@ -41,7 +42,7 @@ class Judge:
 
     def _one(self, item: JudgeItem, timeout_s: float) -> float:
         answer = post_json(self.url, {"model": self.model, "messages": [{"role": "user", "content": self.prompt(item)}],
-                                      "temperature": 0, "max_tokens": self.max_tokens}, timeout_s)
+                                      "temperature": 0, "max_tokens": self.max_tokens}, timeout_s, self.api_key)
         try:
             text = answer["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):

@@ -14,12 +14,13 @@ from a3po.services.judge import JudgeItem
 
 
 class Scorer:
-    def __init__(self, url: str, model: str):
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str, api_key: str | None = None):
+        self.url, self.model, self.api_key = url, model, api_key
 
     def __call__(self, items: list[JudgeItem], timeout_s: float) -> list[float]:
         answer = post_json(self.url, {"model": self.model, "items": [
-            {"prompt": i.question, "completion": i.completion, "answer": i.answer} for i in items]}, timeout_s)
+            {"prompt": i.question, "completion": i.completion, "answer": i.answer} for i in items]}, timeout_s,
+            self.api_key)
         scores = read_scores(answer)
         if len(scores) != len(items):
             raise Refused(f"{len(scores)} scores for {len(items)} completions")
