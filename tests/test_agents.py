@@ -242,3 +242,17 @@ def test_an_episode_of_several_rows_is_one_sample_of_its_group():
     batch, _ = batch_with_advantages(cfg, None, trajs, pad_id=0)
     expected = normalize_advantages(torch.tensor(rewards), 2)
     assert torch.equal(batch.advantages[:, -1], expected[[0, 0, 0, 1, 2, 3]])  # per token: the last one
+
+
+def test_a_reply_is_cut_before_the_stop_string_that_ended_it(tiny):
+    from a3po.rollout.chat import reply_of
+    from a3po.rollout.engine import Completion
+
+    _, tok = tiny
+    ids = tok.encode("<calc>12 + 3</calc>", add_special_tokens=False)
+    c = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="stop")
+    assert reply_of(c, tok, False, ("</calc>", "zz")).text == "<calc>12 + 3"
+    assert reply_of(c, tok, False, ()).text == "<calc>12 + 3</calc>"
+    long = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="length")
+    assert reply_of(long, tok, True, ("</calc>",)).text == "<calc>12 + 3</calc>"  # not ended by it: kept whole
+    assert reply_of(c, tok, True, ()).completion_tokens == len(ids)

@@ -53,7 +53,7 @@ class EngineLoop:
             self._submit(p)
         for c in self.engine.step():
             p = self._waiting.pop(c.rid)
-            p.reply(reply_of(c, self.tok, p.request.logprobs))
+            p.reply(reply_of(c, self.tok, p.request.logprobs, p.request.stop))
 
     def _submit(self, p) -> None:
         from a3po.rollout.engine import GenerationRequest

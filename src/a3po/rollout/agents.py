@@ -158,7 +158,7 @@ class AgentRunner:
         if not ep.in_flight:
             ep.waiting_since = time.perf_counter()
         row.add(c.output_ids, c.output_logprobs, c.output_versions, generated=True)
-        reply = reply_of(c, self.tok, call.pending.request.logprobs)
+        reply = reply_of(c, self.tok, call.pending.request.logprobs, (*self.turns.stop, *call.pending.request.stop))
         ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
         said = {"role": "assistant", "content": reply.text}
         row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))

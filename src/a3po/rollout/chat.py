@@ -73,9 +73,12 @@ class ChatQueue:
             p.fail(Unavailable("the server is stopping"))
 
 
-def reply_of(c: Completion, tokenizer, logprobs: bool) -> ChatReply:
-    """The reply for a finished completion: its text without special tokens, and per-token log-probs if asked."""
+def reply_of(c: Completion, tokenizer, logprobs: bool, stop: tuple[str, ...] = ()) -> ChatReply:
+    """The reply for a finished completion: its text without special tokens, cut before the stop string that
+    ended it (the protocol's replies never hold it; the tokens keep it), and per-token log-probs if asked."""
     text = tokenizer.decode(c.output_ids, skip_special_tokens=True)
+    if c.finish_reason == "stop":
+        text = text[:min([i for s in stop if (i := text.find(s)) >= 0], default=len(text))]
     texts = [tokenizer.decode([t]) for t in c.output_ids] if logprobs else []
     return ChatReply(text, c.finish_reason, len(c.prompt_ids), len(c.output_ids), texts,
                      list(c.output_logprobs) if logprobs else [])
