@@ -91,3 +91,26 @@ def test_a_run_rewarded_by_a_judge_that_a3po_serves(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     rows = metrics(tmp_path / "runs" / "tiny")
     assert len(rows) == 3 and all(r["rollout/reward_service_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["reward_service.kind=judge"], "reward_service.url=None"),
+    (["reward_service.kind=scorer", "reward_service.url=localhost:8000"], "an http:// URL"),
+    (["reward_service.kind=oracle"], "reward_service.kind"),
+    (["reward_service.url=http://127.0.0.1:1"], "only used with reward_service.kind=judge or scorer"),
+    (["reward_service.kind=judge", "reward_service.url=http://127.0.0.1:1", "reward_service.score_regex=[0-"],
+     "is not a regular expression"),
+    (["reward_service.kind=scorer", "reward_service.url=http://127.0.0.1:1", "train_dataset.env=retry"],
+     "gives its episodes' rewards itself"),
+    (["reward_service.kind=scorer", "reward_service.url=http://127.0.0.1:1", "reward_service.on_failure=retry"],
+     "reward_service.on_failure"),
+])
+def test_bad_reward_service_settings_are_one_line_before_anything_starts(overrides, says, tmp_path):
+    res = a3po("train", *TINY, *overrides, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2 and says in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().count("\n") == 0
+
+
+def test_a3po_serve_refuses_a_bad_port_in_one_line():
+    res = a3po("serve", "--port", "70000", timeout=60)
+    assert res.returncode == 2 and "--port" in res.stderr and res.stderr.strip().count("\n") == 0
