@@ -44,13 +44,13 @@ train: install
 	$(BIN)/a3po train $(ARGS)
 
 test: install install-vllm
-	$(BIN)/python -m ruff check src tests
+	$(BIN)/python -m ruff check src tests examples
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # A test that takes more than a few seconds is marked slow (pyproject.toml); the vLLM tests need .venv-vllm.
 test-fast: install
-	$(BIN)/python -m ruff check src tests
+	$(BIN)/python -m ruff check src tests examples
 	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # docs/config.md and docs/metrics.md, regenerated from the schema and the metric registry
