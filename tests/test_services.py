@@ -53,7 +53,7 @@ def test_a_flaky_service_is_retried_until_it_answers():
         client = service("scorer", server.url, retries=3, backoff_s=0.01)
         client.submit("g", ITEMS[:3])
         got = results(client)["g"]
-    assert got.scores == [0.0, 1.0, 2.0] and server.calls == 3 and client.requests == 3
+    assert got.scores == [0.0, 1.0, 2.0] and server.calls == 3
 
 
 def test_a_service_that_never_answers_fails_at_its_deadline_after_its_retries_and_submit_never_waits():
@@ -65,7 +65,7 @@ def test_a_service_that_never_answers_fails_at_its_deadline_after_its_retries_an
         assert time.monotonic() - t0 < 0.1  # the caller (a worker's decode loop) goes on at once
         got = results(client, timeout=10)["g"]
         assert got.scores == [None, None]
-        assert "within 0.3s (2 attempts)" in got.failures[0] and client.requests == 2
+        assert "within 0.3s (2 attempts)" in got.failures[0] and server.calls == 2
         assert 0.6 <= got.seconds < 5
 
 

@@ -59,6 +59,8 @@ class EngineLoop:
         from a3po.rollout.engine import GenerationRequest
         from a3po.rollout.prompts import encode_messages
 
+        if p.abandoned:  # its client stopped waiting: nobody would read the reply
+            return
         r = p.request
         try:
             ids = encode_messages(self.tok, r.messages, r.tools)

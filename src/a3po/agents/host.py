@@ -57,10 +57,6 @@ class AgentProcess:
         self._cancelled: dict[Hashable, float] = {}  # cancels sent, not yet acknowledged: when sent
         self._failed: list[tuple[Hashable, float, str]] = []  # episodes of a replaced child, for the next poll
 
-    @property
-    def running(self) -> int:
-        return len(self._deadline)
-
     def start(self, eid: Hashable, example: Any, url: str) -> None:
         self._check_child()  # never hand a new episode to a child that is dead or stuck
         if self._proc is None:

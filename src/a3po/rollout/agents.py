@@ -141,6 +141,8 @@ class AgentRunner:
     def pump(self, block_s: float = 0.0) -> None:
         """Submit the requests that arrived (waiting up to block_s for one)."""
         for p in self.chat.take(block_s):
+            if p.abandoned:  # its agent stopped waiting: nobody would read the reply
+                continue
             try:
                 self._request(p)
             except (BadRequest, NotFound) as e:

@@ -64,11 +64,6 @@ class ServiceClient:
         self._groups: dict[Hashable, _Group] = {}
         self._done: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self.requests = 0  # attempts made
-
-    @property
-    def pending(self) -> int:
-        return len(self._groups)
 
     def submit(self, key: Hashable, items: list[Any]) -> None:
         batches = [list(range(i, min(i + self.batch_size, len(items)))) for i in range(0, len(items), self.batch_size)]
@@ -108,8 +103,6 @@ class ServiceClient:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
-            with self._lock:
-                self.requests += 1
             try:
                 scores = self.score_batch(items, self.timeout_s)
             except Retry as e:

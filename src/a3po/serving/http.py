@@ -57,8 +57,6 @@ class _Server(ThreadingHTTPServer):
 class ChatServer:
     def __init__(self, answer: Answer, model: str, host: str = LOOPBACK, port: int = 0):
         self.answer, self.model = answer, model
-        self.requests = 0
-        self.refused = 0  # 4xx answers
         handler = type("Handler", (_Handler,), {"server_ref": self})
         self._httpd = _Server((host, port), handler)
         self._thread: threading.Thread | None = None
@@ -134,7 +132,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413, error(f"the body is {length} bytes, more than {MAX_BODY_BYTES}"), close=True)
             return
         body = self.rfile.read(length)
-        server.requests += 1
         try:
             reply = server.answer(m["route"], parse_chat_request(body))
         except BadRequest as e:
@@ -155,8 +152,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.read(length)
 
     def _send(self, status: int, payload: dict, close: bool = False) -> None:
-        if 400 <= status < 500:
-            self.server_ref.refused += 1
         data = json.dumps(payload).encode()
         try:
             self.send_response(status)
