@@ -35,8 +35,8 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from a3po import child, signals
-from a3po.data.scoring import checked, read_frame, write_frame
+from a3po import signals
+from a3po.data.scoring import checked, child_pipes, read_frame, write_frame
 
 CHILD = "from a3po.agents.host import _serve; _serve()"
 CANCEL_GRACE_S = 2.0  # a cancelled agent's loop must answer within this, else the child is replaced
@@ -158,12 +158,7 @@ def _read_answers(stream, answers: queue.Queue, gen: int) -> None:
 
 
 def _serve() -> None:
-    child.take_signals()
-    child.exit_when_orphaned()
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # an agent's prints go to stderr, not into the answers
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
+    requests, out = child_pipes()
     agent = pickle.loads(read_frame(requests)).resolve()
     lock = threading.Lock()
     loop = asyncio.new_event_loop()

@@ -265,17 +265,22 @@ def checked(value: Any) -> tuple[float, str | None]:
     return reward, None
 
 
-def _serve() -> None:
-    """The child: answer frames (a call id, then the pickled args) until the parent closes the pipe.
-
-    The parent may also die in the middle of a call that never returns; exit_when_orphaned
-    ends the child then, since no end of file would ever be read."""
+def child_pipes() -> tuple[BinaryIO, BinaryIO]:
+    """In a child that runs user code for its parent: (requests, answers), the frames' two streams. The user
+    code's prints go to stderr, not into the answers; the parent's Ctrl-C is the parent's to handle; the
+    child exits when its parent dies, even in the middle of a call that never returns (no end of file would
+    ever be read then)."""
     child.take_signals()
     child.exit_when_orphaned()
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # the reward's prints go to stderr, not into the answers
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
+    return sys.stdin.buffer, answers
+
+
+def _serve() -> None:
+    """The child: answer frames (a call id, then the pickled args) until the parent closes the pipe."""
+    requests, answers = child_pipes()
     handler = pickle.loads(read_frame(requests))
     while (frame := read_frame(requests)) is not None:
         (call_id,), args = HEADER.unpack(frame[:HEADER.size]), pickle.loads(frame[HEADER.size:])
