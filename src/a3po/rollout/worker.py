@@ -255,8 +255,9 @@ class _Worker:
 
     @property
     def idle_wait(self) -> float:
-        """How long to wait for a message with nothing to generate: briefly while rewards are scored, very briefly
-        while episodes wait for their environment (its answer starts the next turn), else a heartbeat."""
+        """How long to wait for a message with nothing to generate: briefly while rewards are scored (by the reward
+        process or a service), very briefly while episodes wait for their environment or agent (its answer starts
+        the next turn), else a heartbeat."""
         if (self.episodes is not None and self.episodes.busy) or (self.agents is not None and self.agents.busy):
             return 0.002
         return 0.02 if self.reward.pending or self.scoring else HEARTBEAT_S
