@@ -326,3 +326,37 @@ def test_bench_e2e_service_arm_trains_on_the_same_reward_through_a_slow_service_
                                                                                     "results.md").read_text()
     again = a3po(*args, cwd=tmp_path)  # the stub listens on a new port: still the same runs, nothing reruns
     assert again.returncode == 0 and "2 already done" in again.stderr, again.stderr[-2000:]
+
+
+def test_paired_records_pair_by_seed_and_refuse_what_cannot_pair():
+    """The committed evaluations of the base model (docs/results/yardstick-base) against themselves and each other."""
+    from a3po.bench.paired import RecordError, compare, markdown, read_record
+
+    base = Path(__file__).parent.parent / "docs" / "results" / "yardstick-base"
+    recs = [read_record(base / f"seed{s}.json") for s in (1, 2, 3)]
+    same = compare(recs, recs)
+    assert same["n"] == 3 and same["values"] == [0.0, 0.0, 0.0] and not same["measurable"]
+    part = compare(recs, recs[::2])
+    assert [r["seed"] for r in part["rows"]] == [1, 3] and part["unpaired"] == [2]
+    assert "Seeds without a pair, left out: 2." in markdown(part, ("a", "b"), recs, recs[::2])
+    with pytest.raises(RecordError, match="two records of seed 1"):
+        compare([recs[0], recs[0]], recs)
+    with pytest.raises(RecordError, match="no seed in both sets"):
+        compare(recs[:1], recs[1:])
+    other_task = [{**r, "task_params": {**r["task_params"], "max_digits": 1}} for r in recs]
+    with pytest.raises(RecordError, match="differ in task_params"):
+        compare(recs, other_task)
+
+
+def test_the_lockstep_arm_is_loglinear_with_only_lockstep_on():
+    from a3po.bench.args import E2EArgs
+    from a3po.bench.e2e import arm_configs
+    from a3po.config import to_dict
+
+    args = E2EArgs(preset="tiny", arms=["loglinear", "lockstep"], seeds=2).checked()
+    planned = {p.key: to_dict(p.cfg) for p in arm_configs(args)}
+    assert sorted(planned) == ["lockstep-seed1", "lockstep-seed2", "loglinear-seed1", "loglinear-seed2"]
+    for seed in (1, 2):
+        lock, free = planned[f"lockstep-seed{seed}"], planned[f"loglinear-seed{seed}"]
+        assert lock["rollout"]["lockstep"] is True and free["rollout"]["lockstep"] is False
+        assert {**lock, "rollout": free["rollout"]} == free

@@ -447,6 +447,23 @@ def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in (out / "plots").iterdir())
 
+    # one page over several folders: each folder's cells and paired rows, headed free-running or lockstep
+    record = json.loads((out / "results.json").read_text())
+    for cfg in record["configs"].values():
+        cfg["rollout"]["lockstep"] = True
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "results.json").write_text(json.dumps(record))
+    page = tmp_path / "summary.md"
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--summary", str(page), str(tmp_path),
+                          str(tmp_path / "second")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = page.read_text()
+    assert f"## {tmp_path.name} (free-running, " in text and "## second (lockstep, " in text
+    for row in record["table"]:
+        acc = row["eval_final"]["mean"]
+        assert text.count(f"| {row['arm']} | {row['eta']} | {row['minibatches']} | {len(row['seeds'])} | "
+                          f"{acc:.3f} (") == 2
+
 
 def test_a_key_added_since_a_run_was_recorded_continues_it_only_at_its_default():
     import copy
@@ -494,6 +511,22 @@ def test_variants_are_paired_with_the_arm_they_vary_as_well_as_with_recompute():
     pairs = {(r["arm"], r["reference"]): r["mean"] for r in paired_table(runs)}
     assert pairs == {("recompute-noclip", "recompute"): 0.5, ("loglinear-noclip", "recompute"): 1.0,
                      ("loglinear-noclip", "recompute-noclip"): 0.5}
+
+
+def test_an_arm_at_several_minibatches_is_paired_with_itself_at_one():
+    from a3po.bench.staleness import paired_table
+
+    def run(arm, mb, seed, solved):
+        return {"ok": True, "arm": arm, "eta": 2, "minibatches": mb, "seed": seed, "held_out_final": solved}
+
+    runs = [run("loglinear", 1, s, [1, 1]) for s in (1, 2)]
+    runs += [run("loglinear", 4, 1, [0, 1]), run("loglinear", 4, 2, [0, 0])]
+    runs += [run("recompute", 4, s, [0, 0]) for s in (1, 2)]
+    rows = {(r["arm"], r["minibatches"], r["reference"]): r for r in paired_table(runs)}
+    assert set(rows) == {("loglinear", 4, "recompute"), ("loglinear", 4, "loglinear, 1 minibatch")}
+    against_one = rows[("loglinear", 4, "loglinear, 1 minibatch")]
+    assert against_one["values"] == [-0.5, -1.0] and against_one["mean"] == -0.75
+    assert rows[("loglinear", 4, "recompute")]["values"] == [0.5, 0.0]
 
 
 def test_a_run_without_an_initial_evaluation_has_no_initial_accuracy():

@@ -74,3 +74,36 @@ def test_bad_targets_are_one_line(tmp_path, case):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("a3po:"), res.stderr
+
+
+def test_two_sets_of_records_compare_paired_by_seed(run):
+    """`python -m a3po.bench.paired` on real records: the initial model against the trained run, same problems."""
+    import subprocess
+    import sys
+
+    cwd, run_dir = run
+    res = a3po("eval", str(run_dir), "--out", "trained.json", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = a3po("eval", "tiny", "--preset", "tiny", "train_dataset.reward=partial_reward:partial", "--out", "base.json",
+               cwd=cwd)
+    assert res.returncode == 0, res.stderr[-2000:]
+    base, trained = (json.loads((cwd / f).read_text()) for f in ("base.json", "trained.json"))
+
+    def paired(*args):
+        return subprocess.run([sys.executable, "-m", "a3po.bench.paired", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=120)
+
+    res = paired("--a", "base.json", "--b", "trained.json", "--names", "base,trained", "--out", "page.md")
+    assert res.returncode == 0, res.stderr
+    page = (cwd / "page.md").read_text()
+    diff = sum(t - b for b, t in zip(base["solved"], trained["solved"])) / len(base["solved"])
+    assert f"| 1 | {base['accuracy']:.3f} | {trained['accuracy']:.3f} | {diff:+.3f} |" in page
+    assert "one seed: no interval yet" in page
+    # records of different problems (8 instead of 16) are refused in one line, as is a file that is not a record
+    res = a3po("eval", "tiny", "--preset", "tiny", "evaluator.size=8", "--out", "eight.json", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = paired("--a", "eight.json", "--b", "trained.json")
+    assert res.returncode == 2 and "differ in problems" in res.stderr and len(res.stderr.splitlines()) == 1
+    (cwd / "junk.json").write_text("{")
+    res = paired("--a", "junk.json", "--b", "trained.json")
+    assert res.returncode == 2 and "not a readable JSON record" in res.stderr and len(res.stderr.splitlines()) == 1

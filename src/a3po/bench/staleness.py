@@ -60,6 +60,7 @@ from a3po.bench.runs import (
     training_steps,
 )
 from a3po.config import Config, ConfigError, load_config
+from a3po.files import atomic_write_text
 
 # every bound of the loss off: lower clip 1 - 0.999, upper 1 + 1000, no dual clip, no behaviour-weight cap
 NO_CLIP = ("actor.eps_clip=0.999", "actor.eps_clip_higher=1000", "actor.c_clip=null", "actor.behav_imp_weight_cap=null")
@@ -286,18 +287,24 @@ VARIANT_OF = {"loglinear-noclip": "recompute-noclip", "loglinear-nodual": "logli
 
 def paired_table(runs: list[dict]) -> list[dict]:
     """For each eta and minibatch count, every arm against REFERENCE, and a variant against the arm it varies
-    (VARIANT_OF), on the same seeds and held-out problems."""
+    (VARIANT_OF); and an arm at several minibatches against itself at one (the `ppo_n_minibatches` default): all on
+    the same seeds and held-out problems."""
     out = []
     cells = by_cell(runs)
     for cell, rs in cells.items():
-        for reference in dict.fromkeys([REFERENCE, VARIANT_OF.get(cell.arm, REFERENCE)]):
-            ref = Cell(reference, cell.eta, cell.minibatches)
-            if cell.arm == reference or ref not in cells:
+        pairs = [(Cell(reference, cell.eta, cell.minibatches), reference)
+                 for reference in dict.fromkeys([REFERENCE, VARIANT_OF.get(cell.arm, REFERENCE)])
+                 if reference != cell.arm]
+        if cell.minibatches != 1:
+            pairs.append((Cell(cell.arm, cell.eta, 1), f"{cell.arm}, 1 minibatch"))
+        for ref, label in pairs:
+            if ref not in cells:
                 continue
-            diff = paired_differences([*rs, *cells[ref]], cell.arm, reference)
+            diff = paired_differences([*(dict(r, arm="this") for r in rs),
+                                       *(dict(r, arm="reference") for r in cells[ref])], "this", "reference")
             if diff is not None:
                 out.append({"cell": cell.key, "arm": cell.arm, "eta": cell.eta, "minibatches": cell.minibatches,
-                            "reference": reference, **diff})
+                            "reference": label, **diff})
     return out
 
 
@@ -401,9 +408,26 @@ def main(args: StalenessArgs, argv: list[str]) -> int:
     return status
 
 
-if __name__ == "__main__":  # python -m a3po.bench.staleness DIR [DIR ...]: regenerate, train nothing
-    import sys
+def write_summary(out: Path, folders: list[Path]) -> None:
+    """The cross-folder page (staleness_report.summary) of already regenerated folders."""
+    from a3po.bench.staleness_report import summary
 
-    for folder in sys.argv[1:] or ["."]:
-        regenerate(Path(folder))
-        print(f"wrote {Path(folder) / 'results.md'}")
+    records = {f.name: json.loads((f / "results.json").read_text()) for f in folders}
+    atomic_write_text(out, summary(records))
+
+
+if __name__ == "__main__":
+    import argparse
+
+    cli = argparse.ArgumentParser(prog="python -m a3po.bench.staleness",
+                                  description="Regenerate each study folder's results.md and plots from its "
+                                              "results.json (trains nothing); with --summary, also one page over all.")
+    cli.add_argument("folders", nargs="*", type=Path, default=[Path(".")])
+    cli.add_argument("--summary", type=Path, metavar="OUT", help="write the cross-folder page here")
+    opts = cli.parse_args()
+    for folder in opts.folders:
+        regenerate(folder)
+        print(f"wrote {folder / 'results.md'}")
+    if opts.summary is not None:
+        write_summary(opts.summary, opts.folders)
+        print(f"wrote {opts.summary}")

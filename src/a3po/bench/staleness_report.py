@@ -144,6 +144,28 @@ def _paired_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def summary(records: dict[str, dict]) -> str:
+    """One page over several study folders (name -> results.json): each folder's cells (held-out accuracy at the
+    end, mean and range over seeds) and its paired comparisons, under a heading that says whether its runs were
+    lockstep (paired staleness, repeatable) or free-running (timing decides the staleness)."""
+    lines = ["# The evidence study, every folder", "",
+             "Written by `python -m a3po.bench.staleness --summary OUT DIR ...` from the folders' results.json.", ""]
+    for name, record in records.items():
+        cfg = next(iter(record["configs"].values()))
+        mode = "lockstep" if cfg["rollout"].get("lockstep") else "free-running"
+        lines += [f"## {name} ({mode}, {cfg['total_train_steps']} steps, task {task_line(cfg['train_dataset'])})", "",
+                  "| arm | eta | minibatches | seeds | held-out acc, end: mean (min..max) |",
+                  "|---|---:|---:|---:|---|"]
+        for row in record["table"]:
+            acc = row["eval_final"]
+            spread = "-" if acc["mean"] is None else f"{acc['mean']:.3f} ({acc['min']:.3f}..{acc['max']:.3f})"
+            lines.append(f"| {row['arm']} | {row['eta']} | {row['minibatches']} | {len(row['seeds'])} | {spread} |")
+        if record.get("paired"):
+            lines += ["", *_paired_table(record["paired"])]
+        lines.append("")
+    return "\n".join([*lines, *_paired_notes()]) + "\n"
+
+
 def _by_d_table(record: dict) -> list[str]:
     """Per cell: clipped and capped fractions at each staleness d (means over seeds), and the gradient share."""
     cells: dict[str, list[dict]] = {}
