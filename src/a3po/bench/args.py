@@ -38,9 +38,10 @@ class Engine:
 
 ROLLOUT_ENGINES = (Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE, Engine.VLLM)
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "lora", "ranks2", "ray",
-             "service")  # e2e.py's
-# lora, ranks2, ray and service measure training modes, launchers and reward paths: asked for by name
-E2E_DEFAULT_ARMS = ARM_NAMES[:-4]
+             "service", "lockstep")  # e2e.py's
+# these measure training modes, launchers, reward paths and repeatable runs: asked for by name
+E2E_EXTRA_ARMS = ("lora", "ranks2", "ray", "service", "lockstep")
+E2E_DEFAULT_ARMS = tuple(a for a in ARM_NAMES if a not in E2E_EXTRA_ARMS)
 # bench staleness's arms, defined in staleness.py; the first four run by default, the rest are asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse",
                   "recompute-noclip", "loglinear-noclip", "loglinear-eps04", "loglinear-nodual")
@@ -269,7 +270,7 @@ class E2EArgs(TrainBenchArgs):
     description = ("Run each arm as a full `a3po train` with the same seeds, steps and data order; write "
                    "results.md, results.json and plots/.")
 
-    arms: list[str] = option(list(E2E_DEFAULT_ARMS), "default: all but lora, ranks2, ray and service",
+    arms: list[str] = option(list(E2E_DEFAULT_ARMS), f"default: all but {', '.join(E2E_EXTRA_ARMS)}",
                              choices=ARM_NAMES, what="arm")
     service_delay_s: float = option(1.0, "the service arm's reward model answers each request after this many "
                                          "seconds", ge=0)

@@ -47,6 +47,8 @@ ARMS = {a.name: a for a in (
     Arm.trains_with("service", "A-3PO with the exact reward from a reward service on 127.0.0.1 that answers after "
                     "--service-delay-s (bench/stub_scorer.py) instead of the rule", "loglinear",
                     "reward_service.kind=scorer", "reward_service.rule_weight=0"),
+    Arm.trains_with("lockstep", "A-3PO with rollout.lockstep=true: each batch sampled whole by version k - eta, "
+                    "a run repeatable from its seed (what that costs in speed)", "loglinear", "rollout.lockstep=true"),
 )}
 assert tuple(ARMS) == ARM_NAMES
 
