@@ -43,9 +43,15 @@ install-vllm: $(VLLM_VENV)/.installed
 train: install
 	$(BIN)/a3po train $(ARGS)
 
-test: install install-vllm
-	$(BIN)/python -m ruff check src tests examples
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# .venv-vllm installs (mostly download and unpacking, one core) while the main suite runs; the vLLM tests
+# follow once both are done. A failed install prints its log and fails the target.
+test: install
+	@$(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 & installing=$$!; \
+	status=0; \
+	$(BIN)/python -m ruff check src tests examples && $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+	if ! wait $$installing; then \
+	  cat $(VLLM_VENV).log; echo "make test: installing $(VLLM_VENV) failed (its log is above)"; exit 1; fi; \
+	[ $$status -eq 0 ] || exit $$status; \
 	A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # A test that takes more than a few seconds is marked slow (pyproject.toml); the vLLM tests need .venv-vllm.
