@@ -459,6 +459,8 @@ def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     text = page.read_text()
     assert f"## {tmp_path.name} (free-running, " in text and "## second (lockstep, " in text
+    assert "| loglinear (free-running) | recompute | 2 | 1 | 1 |" in text
+    assert "| loglinear (lockstep) | recompute | 2 | 1 | 1 |" in text
     for row in record["table"]:
         acc = row["eval_final"]["mean"]
         assert text.count(f"| {row['arm']} | {row['eta']} | {row['minibatches']} | {len(row['seeds'])} | "

@@ -145,25 +145,26 @@ def _paired_table(rows: list[dict]) -> list[str]:
 
 
 def summary(records: dict[str, dict]) -> str:
-    """One page over several study folders (name -> results.json): each folder's cells (held-out accuracy at the
-    end, mean and range over seeds) and its paired comparisons, under a heading that says whether its runs were
-    lockstep (paired staleness, repeatable) or free-running (timing decides the staleness)."""
+    """One page over several study folders (name -> results.json): every paired comparison of all of them in one
+    table, marked lockstep (paired staleness, repeatable) or free-running (timing decides the staleness), then
+    each folder's cells (held-out accuracy at the end, mean and range over seeds)."""
+    modes = {name: "lockstep" if next(iter(r["configs"].values()))["rollout"].get("lockstep") else "free-running"
+             for name, r in records.items()}
+    rows = [{**p, "arm": f"{p['arm']} ({modes[name]})"} for name, r in records.items() for p in r.get("paired", [])]
     lines = ["# The evidence study, every folder", "",
-             "Written by `python -m a3po.bench.staleness --summary OUT DIR ...` from the folders' results.json.", ""]
+             "Written by `python -m a3po.bench.staleness --summary OUT DIR ...` from the folders' results.json.", "",
+             "## Every paired comparison", "", *_paired_table(rows), "", *_paired_notes()]
     for name, record in records.items():
         cfg = next(iter(record["configs"].values()))
-        mode = "lockstep" if cfg["rollout"].get("lockstep") else "free-running"
-        lines += [f"## {name} ({mode}, {cfg['total_train_steps']} steps, task {task_line(cfg['train_dataset'])})", "",
+        lines += ["", f"## {name} ({modes[name]}, {cfg['total_train_steps']} steps, task "
+                      f"{task_line(cfg['train_dataset'])})", "",
                   "| arm | eta | minibatches | seeds | held-out acc, end: mean (min..max) |",
                   "|---|---:|---:|---:|---|"]
         for row in record["table"]:
             acc = row["eval_final"]
             spread = "-" if acc["mean"] is None else f"{acc['mean']:.3f} ({acc['min']:.3f}..{acc['max']:.3f})"
             lines.append(f"| {row['arm']} | {row['eta']} | {row['minibatches']} | {len(row['seeds'])} | {spread} |")
-        if record.get("paired"):
-            lines += ["", *_paired_table(record["paired"])]
-        lines.append("")
-    return "\n".join([*lines, *_paired_notes()]) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def _by_d_table(record: dict) -> list[str]:
