@@ -135,9 +135,10 @@ def _paired_table(rows: list[dict]) -> list[str]:
            "|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         lo, hi = r["interval"]
-        interval = "-" if math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
+        none = lo is None or math.isnan(lo)  # one seed: NaN, or null once read back from results.json
+        interval = "-" if none else f"[{lo:+.3f}, {hi:+.3f}]"
         reading = ("identical on every seed" if all(x == 0 for x in r["values"]) else
-                   "one seed: no interval yet" if math.isnan(lo) else
+                   "one seed: no interval yet" if none else
                    ("better" if lo > 0 else "worse") if r["measurable"] else "no measurable difference")
         out.append(f"| {r['arm']} | {r['reference']} | {r['eta']} | {r['minibatches']} | {r['n']} | {r['mean']:+.3f} | "
                    f"{', '.join(f'{x:+.3f}' for x in r['values'])} | {interval} | {reading} |")
