@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from a3po.bench.report import t_interval
+from a3po.bench.report import reading, t_interval
 from a3po.files import atomic_write_text
 
 # what must be equal for two records to have evaluated the same problems
@@ -71,12 +71,8 @@ def compare(a: list[dict], b: list[dict]) -> dict:
 def markdown(result: dict, names: tuple[str, str], a: list[dict], b: list[dict]) -> str:
     na, nb = names
     lo, hi = result["interval"]
-    if result["n"] < 2:
-        reading = "one seed: no interval yet"
-    elif result["measurable"]:
-        reading = f"{nb} {'better' if lo > 0 else 'worse'} than {na}"
-    else:
-        reading = "no measurable difference"
+    words = reading(result)
+    words = f"{nb} {words} than {na}" if words in ("better", "worse") else words
     first = a[0]
     lines = [f"# {nb} against {na}, paired by seed", "",
              f"Written by `python -m a3po.bench.paired` from `a3po eval` records: {first['problems']} held-out "
@@ -86,7 +82,7 @@ def markdown(result: dict, names: tuple[str, str], a: list[dict], b: list[dict])
     lines += [f"| {r['seed']} | {r['a']:.3f} | {r['b']:.3f} | {r['difference']:+.3f} |" for r in result["rows"]]
     interval = "-" if result["n"] < 2 else f"[{lo:+.3f}, {hi:+.3f}]"
     lines += ["", f"Mean difference {result['mean']:+.3f} over {result['n']} seed(s), 95 % interval {interval}: "
-                  f"{reading}.", "", "Records:", ""]
+                  f"{words}.", "", "Records:", ""]
     lines += [f"- {na}: `{r['path']}`" for r in a] + [f"- {nb}: `{r['path']}`" for r in b]
     if result["unpaired"]:
         lines += ["", f"Seeds without a pair, left out: {', '.join(map(str, result['unpaired']))}."]

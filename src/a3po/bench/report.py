@@ -53,6 +53,17 @@ def t_interval(xs: list[float]) -> dict:
             "measurable": bool(len(xs) > 1 and (lo > 0 or hi < 0))}
 
 
+def reading(p: dict) -> str:
+    """The words for a paired difference (`t_interval` of per-seed differences): a one-seed interval is NaN, or
+    null once read back from a results.json."""
+    lo = p["interval"][0]
+    if p["values"] and all(x == 0 for x in p["values"]):
+        return "identical on every seed"
+    if lo is None or math.isnan(lo):
+        return "one seed: no interval yet"
+    return ("better" if lo > 0 else "worse") if p["measurable"] else "no measurable difference"
+
+
 def accuracy_interval(solved: list[float]) -> tuple[float, float]:
     """95 % interval of a mean of per-problem results: Wilson's score interval when each result is 0 or 1 (right
     at an accuracy of 0 or 1 too), else Student's t over problems, clamped to [0, 1]."""
@@ -93,9 +104,8 @@ def against_first_arm(runs: list[dict], arms: list[str]) -> list[str]:
              "|---|---:|---|---:|---|---|"]
     for arm, p in pairs:
         lo, hi = p["interval"]
-        reading = ("better" if lo > 0 else "worse") if p["measurable"] else "no measurable difference"
         lines.append(f"| {arm} | {p['n']} | {', '.join(f'{x:+.3f}' for x in p['values'])} | {p['mean']:+.3f} | "
-                     f"[{lo:+.3f}, {hi:+.3f}] | {reading} |")
+                     f"[{lo:+.3f}, {hi:+.3f}] | {reading(p)} |")
     return lines
 
 

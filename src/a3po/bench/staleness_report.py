@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from a3po.bench.args import BASELINE, REASON_ETA0, STALENESS_DEFAULT_ARMS, STEADY_AFTER
-from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, save_figure, task_line
+from a3po.bench.report import APPROXIMATIONS, format_cell, pyplot, reading, save_figure, task_line
 
 # (key in a cell row, column title, format)
 TRAINING = (
@@ -135,13 +135,9 @@ def _paired_table(rows: list[dict]) -> list[str]:
            "|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         lo, hi = r["interval"]
-        none = lo is None or math.isnan(lo)  # one seed: NaN, or null once read back from results.json
-        interval = "-" if none else f"[{lo:+.3f}, {hi:+.3f}]"
-        reading = ("identical on every seed" if all(x == 0 for x in r["values"]) else
-                   "one seed: no interval yet" if none else
-                   ("better" if lo > 0 else "worse") if r["measurable"] else "no measurable difference")
+        interval = "-" if lo is None or math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
         out.append(f"| {r['arm']} | {r['reference']} | {r['eta']} | {r['minibatches']} | {r['n']} | {r['mean']:+.3f} | "
-                   f"{', '.join(f'{x:+.3f}' for x in r['values'])} | {interval} | {reading} |")
+                   f"{', '.join(f'{x:+.3f}' for x in r['values'])} | {interval} | {reading(r)} |")
     return out
 
 
