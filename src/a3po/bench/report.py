@@ -57,10 +57,10 @@ def reading(p: dict) -> str:
     """The words for a paired difference (`t_interval` of per-seed differences): a one-seed interval is NaN, or
     null once read back from a results.json."""
     lo = p["interval"][0]
-    if p["values"] and all(x == 0 for x in p["values"]):
-        return "identical on every seed"
     if lo is None or math.isnan(lo):
         return "one seed: no interval yet"
+    if all(x == 0 for x in p["values"]):
+        return "identical on every seed"
     return ("better" if lo > 0 else "worse") if p["measurable"] else "no measurable difference"
 
 
