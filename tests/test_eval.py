@@ -3,7 +3,8 @@
 Proves: a run folder's evaluation is the run's own last evaluation, problem by problem (same
 held-out split, same greedy decoding, same scores); a checkpoint and a model folder evaluate too,
 greedy or with K samples per problem (each problem's share solved is a multiple of 1/K); the
-record holds the interval around the accuracy; a folder that is none of a run, a checkpoint or a
+record holds the interval around the accuracy and, in an environment, what the first turn solved; records of
+other problems or other decoding are refused by bench.paired; a folder that is none of a run, a checkpoint or a
 model, a run without a checkpoint, --config with a run and --samples 0 are one line, exit 2.
 """
 
@@ -58,6 +59,26 @@ def test_a_checkpoint_with_samples_and_a_model_folder(run):
     assert res.returncode == 2 and "drop --config/--preset" in res.stderr  # a checkpoint of a run: the run's config
 
 
+# solved on the second turn whatever the model says: what the later turns add is the whole accuracy
+SECOND_TURN_ENV = ("from a3po.envs import Step\n\n\nclass Env:\n    def __init__(self, example):\n"
+                   "        self.turn = 0\n\n    def reset(self):\n        return 'Say anything.'\n\n"
+                   "    def step(self, action):\n        self.turn += 1\n"
+                   "        return Step(reward=1.0, done=True) if self.turn == 2 else Step('Once more.')\n")
+
+
+def test_an_environment_records_what_the_first_turn_solved(tmp_path):
+    (tmp_path / "second.py").write_text(SECOND_TURN_ENV)
+    for env, first in (("second:Env", 0.0), ("retry", None)):
+        res = a3po("eval", "tiny", "--preset", "tiny", f"train_dataset.env={env}", "train_dataset.max_turns=3",
+                   "evaluator.size=8", "--out", "rec.json", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-2000:]
+        m = json.loads((tmp_path / "rec.json").read_text())["metrics"]
+        if first is not None:  # every episode: two turns, solved by the second
+            assert m["eval/accuracy"] == 1.0 and m["eval/first_turn_accuracy"] == 0.0 and m["eval/turns_mean"] == 2.0
+        else:  # the tiny model answers nothing right: no turn solves
+            assert m["eval/accuracy"] == m["eval/first_turn_accuracy"] == 0.0 and m["eval/turns_mean"] == 3.0
+
+
 @pytest.mark.parametrize("case", ["not_a_run", "no_checkpoint", "config_with_run", "samples0"])
 def test_bad_targets_are_one_line(tmp_path, case):
     target = tmp_path / "x"
@@ -104,6 +125,12 @@ def test_two_sets_of_records_compare_paired_by_seed(run):
     assert res.returncode == 0, res.stderr[-2000:]
     res = paired("--a", "eight.json", "--b", "trained.json")
     assert res.returncode == 2 and "differ in problems" in res.stderr and len(res.stderr.splitlines()) == 1
+    # a greedy record against a sampled one of the same problems: refused, the decoding would be measured too
+    res = a3po("eval", str(run_dir), "--samples", "2", "--out", "sampled.json", cwd=cwd)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = paired("--a", "sampled.json", "--b", "trained.json")
+    assert res.returncode == 2 and "decoded differently (samples 2 and 1" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1
     (cwd / "junk.json").write_text("{")
     res = paired("--a", "junk.json", "--b", "trained.json")
     assert res.returncode == 2 and "not a readable JSON record" in res.stderr and len(res.stderr.splitlines()) == 1

@@ -167,6 +167,8 @@ REGISTRY: tuple[Metric, ...] = (
        ">= 1, before any turn discount", EVAL_STEPS),
     _m("eval/reward", "reward", EVALUATE, "mean reward of the held-out greedy completions (episodes, discounted)",
        EVAL_STEPS),
+    _m("eval/first_turn_accuracy", "fraction", EVALUATE, "share of held-out episodes solved by the model's first "
+       "turn; eval/accuracy minus it is what the later turns (feedback, tools) added", f"{EVAL_STEPS}, with {ENV}"),
     _m("eval/turns_mean", "turns", EVALUATE, "model turns per held-out greedy episode", f"{EVAL_STEPS}, with {ENV}"),
     _m("eval/tool_use_frac", "fraction", EVALUATE, "share of held-out greedy episodes that called a tool at least once",
        f"{EVAL_STEPS}, with {ENV}"),

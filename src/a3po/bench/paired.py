@@ -5,9 +5,10 @@
 
 Each record holds every held-out problem's result. A seed of A is paired with the seed of B that
 evaluated the same problems (same task, parameters, environment, seed and count; anything else is
-refused in one line, since a difference over different problems measures the problems). Per seed the
-difference is the mean over problems of B minus A; over seeds, the mean and its 95 % Student-t
-interval. The page is written from the records alone, so committing them makes it regenerable.
+refused in one line, since a difference over different problems measures the problems; so are records
+decoded differently, greedy against sampled). Per seed the difference is the mean over problems of B
+minus A; over seeds, the mean and its 95 % Student-t interval. The page is written from the records
+alone, so committing them makes it regenerable.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 from a3po.bench.report import reading, t_interval
 from a3po.files import atomic_write_text
 
-# what must be equal for two records to have evaluated the same problems
+# what must be equal for two records to have evaluated the same problems, and the same way
 SAME_PROBLEMS = ("task", "task_params", "env", "seed", "problems")
+SAME_DECODING = ("samples", "temperature")
 
 
 class RecordError(ValueError):
@@ -33,7 +35,7 @@ def read_record(path: Path) -> dict:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RecordError(f"{path}: not a readable JSON record ({e}); give records written by `a3po eval`") from None
-    missing = [k for k in (*SAME_PROBLEMS, "solved", "accuracy") if k not in record]
+    missing = [k for k in (*SAME_PROBLEMS, *SAME_DECODING, "solved", "accuracy") if k not in record]
     if missing:
         raise RecordError(f"{path}: lacks {', '.join(missing)}; give records written by `a3po eval`")
     return {**record, "path": str(path)}
@@ -62,6 +64,10 @@ def compare(a: list[dict], b: list[dict]) -> dict:
         if differ:
             raise RecordError(f"seed {seed}: {x['path']} and {y['path']} differ in {', '.join(differ)}, so they "
                               "evaluated different problems; evaluate both with the same task settings")
+        differ = [f"{k} {x[k]} and {y[k]}" for k in SAME_DECODING if x[k] != y[k]]
+        if differ:
+            raise RecordError(f"seed {seed}: {x['path']} and {y['path']} decoded differently ({', '.join(differ)}), "
+                              "which the difference would measure too; evaluate both with the same --samples")
         diff = sum(q - p for p, q in zip(x["solved"], y["solved"])) / len(x["solved"])
         rows.append({"seed": seed, "a": x["accuracy"], "b": y["accuracy"], "difference": diff})
     unpaired = sorted(set(sa) ^ set(sb))

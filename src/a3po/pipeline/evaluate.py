@@ -74,6 +74,8 @@ class Evaluator:
         n = max(1, len(cases))
         metrics = {"eval/accuracy": sum(solved) / max(1, len(examples)), "eval/reward": sum(s for s, _ in scores) / n}
         if infos is not None:
+            first = sum(info.success and info.turns <= 1 for info in infos) / n
+            metrics["eval/first_turn_accuracy"] = first  # accuracy minus this is what the later turns added
             metrics["eval/turns_mean"] = sum(i.turns for i in infos) / n
             metrics["eval/tool_use_frac"] = sum(i.tool_calls > 0 for i in infos) / n
         return Evaluation(metrics, solved)
