@@ -6,8 +6,8 @@ tiny run would go). After the failure every file under runs/ must be byte-identi
 file may have appeared there: a failed start creates no run folder and a failed resume
 rewrites nothing. The resume cases start from a real run folder made once by a real run.
 
-Configuration errors fail before torch is imported (a fraction of a second); the rest load
-torch first and are marked slow.
+Configuration, dataset, reward, environment and logging errors fail before torch is imported (a
+fraction of a second); the rest load torch first and are marked slow.
 """
 
 import json
@@ -107,36 +107,41 @@ class Case:
     fast: bool = False  # fails before torch is imported
 
 
+def early(args: list[str], needle: str) -> Case:
+    """A case that fails before torch is imported (a fraction of a second)."""
+    return Case(args, needle, fast=True)
+
+
 NO_CACHE = {"HF_HOME": "{tmp}/hf", "HF_HUB_CACHE": "{tmp}/hf/hub"}  # an empty Hugging Face cache
 
 CASES = {
     # configuration
-    "malformed-yaml": Case([*TINY, "--config", "bad.yaml"], "not valid YAML at line 2", fast=True),
-    "unknown-key": Case([*TINY, "actor.foo=1"], "unknown key 'actor.foo'", fast=True),
-    "unknown-key-in-yaml": Case([*TINY, "--config", "unknown.yaml"], "unknown key 'actor.pth'", fast=True),
-    "bad-value": Case([*TINY, "actor.optimizer.lr=abc"], "actor.optimizer.lr='abc' is not a number", fast=True),
-    "out-of-range": Case([*TINY, "rollout.max_head_offpolicyness=-1"], "must be >= 0", fast=True),
-    "config-not-utf8": Case([*TINY, "--config", "latin1.yaml"], "is not UTF-8", fast=True),
-    "config-missing": Case([*TINY, "--config", "nope.yaml"], "'nope.yaml' does not exist", fast=True),
-    "config-is-a-folder": Case([*TINY, "--config", "runs"], "is a directory", fast=True),
-    "top-p-while-training": Case([*TINY, "gconfig.top_p=0.9"], "biases every importance ratio", fast=True),
-    "top-k-while-training": Case([*TINY, "gconfig.top_k=20"], "gconfig.top_k=20 conflicts: must be 0", fast=True),
+    "malformed-yaml": early([*TINY, "--config", "bad.yaml"], "not valid YAML at line 2"),
+    "unknown-key": early([*TINY, "actor.foo=1"], "unknown key 'actor.foo'"),
+    "unknown-key-in-yaml": early([*TINY, "--config", "unknown.yaml"], "unknown key 'actor.pth'"),
+    "bad-value": early([*TINY, "actor.optimizer.lr=abc"], "actor.optimizer.lr='abc' is not a number"),
+    "out-of-range": early([*TINY, "rollout.max_head_offpolicyness=-1"], "must be >= 0"),
+    "config-not-utf8": early([*TINY, "--config", "latin1.yaml"], "is not UTF-8"),
+    "config-missing": early([*TINY, "--config", "nope.yaml"], "'nope.yaml' does not exist"),
+    "config-is-a-folder": early([*TINY, "--config", "runs"], "is a directory"),
+    "top-p-while-training": early([*TINY, "gconfig.top_p=0.9"], "biases every importance ratio"),
+    "top-k-while-training": early([*TINY, "gconfig.top_k=20"], "gconfig.top_k=20 conflicts: must be 0"),
     "vllm-missing": Case([*TINY, "rollout.backend=vllm"], "rollout.backend=vllm needs vLLM, which is not installed"),
-    "device-misspelt": Case([*TINY, "actor.device=gpu"], "use auto, cpu, cuda or cuda:N", fast=True),
-    "ranks-on-one-gpu": Case([*TINY, "cluster.n_trainer_ranks=2", "actor.device=cuda:0"],
-                             "each rank takes a GPU of its own", fast=True),
-    "data-parallel-misspelt": Case([*TINY, "cluster.data_parallel=fsdp"], "cluster.data_parallel", fast=True),
+    "device-misspelt": early([*TINY, "actor.device=gpu"], "use auto, cpu, cuda or cuda:N"),
+    "ranks-on-one-gpu": early([*TINY, "cluster.n_trainer_ranks=2", "actor.device=cuda:0"],
+                              "each rank takes a GPU of its own"),
+    "data-parallel-misspelt": early([*TINY, "cluster.data_parallel=fsdp"], "cluster.data_parallel"),
     "no-cuda-trainer": Case([*TINY, "actor.device=cuda"], "actor.device=cuda, but this torch"),
     "no-cuda-rollout": Case([*TINY, "rollout.device=cuda:1"], "rollout.device=cuda:1, but this torch"),
     # dataset files
-    "data-missing": Case([*TINY, *FILE, "train_dataset.path=missing.jsonl"], "'missing.jsonl' does not exist"),
-    "data-not-utf8": Case([*TINY, *FILE, "train_dataset.path=latin1.jsonl"], "latin1.jsonl:41: not UTF-8"),
-    "data-broken-row": Case([*TINY, *FILE, "train_dataset.path=broken.jsonl"], "broken.jsonl:41: invalid JSON"),
-    "data-missing-column": Case([*TINY, *FILE, "train_dataset.path=nocol.jsonl"], "nocol.jsonl:41: missing key"),
-    "data-empty": Case([*TINY, *FILE, "train_dataset.path=empty.jsonl"], "holds no rows"),
-    "data-too-few-rows": Case([*TINY, *FILE, "train_dataset.path=few.jsonl"], "lower evaluator.size"),
-    "data-unsupported-type": Case([*TINY, *FILE, "train_dataset.path=data.csv"], "unsupported file type .csv"),
-    "unknown-task": Case([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
+    "data-missing": early([*TINY, *FILE, "train_dataset.path=missing.jsonl"], "'missing.jsonl' does not exist"),
+    "data-not-utf8": early([*TINY, *FILE, "train_dataset.path=latin1.jsonl"], "latin1.jsonl:41: not UTF-8"),
+    "data-broken-row": early([*TINY, *FILE, "train_dataset.path=broken.jsonl"], "broken.jsonl:41: invalid JSON"),
+    "data-missing-column": early([*TINY, *FILE, "train_dataset.path=nocol.jsonl"], "nocol.jsonl:41: missing key"),
+    "data-empty": early([*TINY, *FILE, "train_dataset.path=empty.jsonl"], "holds no rows"),
+    "data-too-few-rows": early([*TINY, *FILE, "train_dataset.path=few.jsonl"], "lower evaluator.size"),
+    "data-unsupported-type": early([*TINY, *FILE, "train_dataset.path=data.csv"], "unsupported file type .csv"),
+    "unknown-task": early([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
     # model folders and hub ids
     "model-missing": Case([*TINY, "actor.path=./no-such-model"], "no such directory"),
     "model-is-a-file": Case([*TINY, "actor.path=./afile"], "is a file, not a model folder"),
@@ -148,24 +153,24 @@ CASES = {
     "hub-offline": Case([*TINY, "actor.path=a3po-nobody/no-such-model"], "HF_HUB_OFFLINE is set",
                         env={"HF_HUB_OFFLINE": "1", **NO_CACHE}),
     # rewards
-    "reward-module-missing": Case([*TINY, "train_dataset.reward=no_such_rewards:score"], "cannot import"),
-    "reward-not-callable": Case([*TINY, "train_dataset.reward=rw_value:score"], "not a function"),
-    "reward-wrong-signature": Case([*TINY, "train_dataset.reward=rw_arity:score"], "must accept (completion, example)"),
-    "reward-import-raises": Case([*TINY, "train_dataset.reward=rw_raises:score"], "configure me first"),
-    "reward-unknown-name": Case([*TINY, "train_dataset.reward=exactt"], "did you mean 'exact'"),
+    "reward-module-missing": early([*TINY, "train_dataset.reward=no_such_rewards:score"], "cannot import"),
+    "reward-not-callable": early([*TINY, "train_dataset.reward=rw_value:score"], "not a function"),
+    "reward-wrong-signature": early([*TINY, "train_dataset.reward=rw_arity:score"], "must accept (completion,"),
+    "reward-import-raises": early([*TINY, "train_dataset.reward=rw_raises:score"], "configure me first"),
+    "reward-unknown-name": early([*TINY, "train_dataset.reward=exactt"], "did you mean 'exact'"),
     # environments
-    "env-unknown-name": Case([*TINY, "train_dataset.env=retri"], "did you mean 'retry'"),
-    "env-module-missing": Case([*TINY, "train_dataset.env=no_such_env:Env"], "cannot import"),
-    "env-without-step": Case([*TINY, "train_dataset.env=env_nostep:Env"], "is not an environment class: it needs step"),
-    "env-stop-a-string": Case([*TINY, "train_dataset.env=env_badstop:Env"], "stop attribute must be a tuple"),
+    "env-unknown-name": early([*TINY, "train_dataset.env=retri"], "did you mean 'retry'"),
+    "env-module-missing": early([*TINY, "train_dataset.env=no_such_env:Env"], "cannot import"),
+    "env-without-step": early([*TINY, "train_dataset.env=env_nostep:Env"], "not an environment class: it needs step"),
+    "env-stop-a-string": early([*TINY, "train_dataset.env=env_badstop:Env"], "stop attribute must be a tuple"),
     "env-template-rewrites-history": Case([*TINY, "actor.path=./rewrites", "train_dataset.env=retry"],
                                           "renders earlier messages differently", model_rewriting_history),
-    "env-discount-out-of-range": Case([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount", fast=True),
+    "env-discount-out-of-range": early([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount"),
     # resume folders
-    "resume-missing": Case(["--resume", "runs/gone"], "no such directory", fast=True),
-    "resume-a-file": Case(["--resume", "runs/tiny/keep.txt"], "is a file, not a run directory", fast=True),
-    "resume-not-a-run": Case(["--resume", "runs/tiny"], "not a run directory", fast=True),
-    "resume-with-preset": Case(["--resume", "runs/tiny", "--preset", "tiny"], "drop --config/--preset", fast=True),
+    "resume-missing": early(["--resume", "runs/gone"], "no such directory"),
+    "resume-a-file": early(["--resume", "runs/tiny/keep.txt"], "is a file, not a run directory"),
+    "resume-not-a-run": early(["--resume", "runs/tiny"], "not a run directory"),
+    "resume-with-preset": early(["--resume", "runs/tiny", "--preset", "tiny"], "drop --config/--preset"),
     "resume-no-checkpoint": Case(["--resume", "runs/tiny"], "saved no checkpoint",
                                  lambda d, run: copy_run(d, run, lambda r: shutil.rmtree(r / "checkpoints"))),
     "resume-broken-config": Case(["--resume", "runs/tiny"], "not valid YAML",
@@ -179,7 +184,7 @@ CASES = {
     "resume-half-copied": Case(["--resume", "runs/tiny"], "run_state.json: No such file",
                                lambda d, run: copy_run(d, run, lambda r: (ckpt(r) / "run_state.json").unlink())),
     # logging backends
-    "wandb-not-installed": Case([*TINY, "logging.wandb=true"], "needs the wandb package"),
+    "wandb-not-installed": early([*TINY, "logging.wandb=true"], "needs the wandb package"),
 }
 
 

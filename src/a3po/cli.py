@@ -279,12 +279,18 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.write(dump_yaml(cfg))
         return 0
     if args.command == "train":
+        from a3po.pipeline.inputs import INPUT_ERRORS, load_inputs
+
+        try:  # the dataset, reward, environment ...: a bad one is one line before torch's start-up
+            inputs = load_inputs(cfg)
+        except INPUT_ERRORS as e:
+            return bad_input("error", e)
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
         # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
         with signals.deferred():
             from a3po.pipeline.run import train
 
-        code = train(cfg, resume=args.resume)
+        code = train(cfg, resume=args.resume, inputs=inputs)
         if program:
             _leave(code)
         return code

@@ -26,26 +26,23 @@ import transformers
 from tqdm import tqdm
 
 from a3po import signals
-from a3po.agents import build_agent
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
 from a3po.config.choices import Backend, Launcher
-from a3po.data import DataError, build_reward, load_task
+from a3po.data import DataError
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
-from a3po.envs import build_env
 from a3po.files import DiskFullError, atomic_write_text, causes, no_space, unique_dir, writing
-from a3po.launch import check as check_launcher
 from a3po.launch import make_launcher
 from a3po.models import ModelSourceError, load_policy
 from a3po.pipeline.cores import CoreLender, lends_cores
 from a3po.pipeline.evaluate import Evaluation, Evaluator
+from a3po.pipeline.inputs import RunInputs, load_inputs
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
-from a3po.pipeline.sinks import Sinks, check_backends
+from a3po.pipeline.sinks import Sinks
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
 from a3po.rollout.worker import Scoring
-from a3po.services import ServiceConfigError, check_service
 from a3po.signals import Stopped
 from a3po.trainer import parallel, ranks
 from a3po.trainer.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
@@ -93,7 +90,7 @@ class Progress:
                 f"for a new run; {self.checkpoint_part()}")
 
 
-def train(cfg: Config, resume: str | None = None) -> int:
+def train(cfg: Config, resume: str | None = None, inputs: RunInputs | None = None) -> int:
     """Run `a3po train`; every way it ends is an exit code and, unless it finished, one line on stderr.
 
     The line is printed after the clean-up (progress bar closed, workers stopped), so it
@@ -104,7 +101,7 @@ def train(cfg: Config, resume: str | None = None) -> int:
         threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)[1]
         return ranks.follow(cfg, rank, world, None, None, threads)
     try:
-        return _train(cfg, resume, progress)
+        return _train(cfg, resume, progress, inputs)
     except (Exception, KeyboardInterrupt) as e:
         stop = signals.stop_behind(e)
         if stop is not None:
@@ -149,23 +146,17 @@ def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple
     return run_dir, state["step"], state["data_cursor"]
 
 
-def _train(cfg: Config, resume: str | None, progress: Progress) -> int:
+def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInputs | None) -> int:
     t_start = time.perf_counter()
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
     # Setup: everything that can fail on bad input fails here, before any process starts.
-    check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
+    inputs = inputs or load_inputs(cfg)  # `a3po train` loaded them before importing torch
+    data = inputs.data
     device = ranks.rank_device(cfg.actor.device, 0)
     rollout_device = resolve_device(cfg.rollout.device, "rollout.device")  # here: a worker's error comes later
     if cfg.rollout.backend == Backend.VLLM and not vllm_engine.installed():
         raise ConfigError(vllm_engine.MISSING)
-    check_launcher(cfg)
-    data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
-    reward_fn = build_reward(cfg.train_dataset, data)
-    try:
-        check_service(cfg.reward_service)
-    except ServiceConfigError as e:
-        raise ConfigError(str(e)) from None
-    scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn), build_agent(cfg.train_dataset))
+    scoring = Scoring(inputs.reward_fn, inputs.env, inputs.agent)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
     if scoring.env is not None:
         try:  # a template that cannot extend an episode by appending fails here, not in every worker

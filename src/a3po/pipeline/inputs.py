@@ -1,0 +1,42 @@
+"""What a run reads before it starts anything, loaded and checked before torch is imported.
+
+A wrong dataset file, reward, environment, agent, reward service, logging backend or launcher is
+the commonest bad input. Checked here, its one-line error comes at once instead of after torch's
+start-up (seconds), and the run goes on with what was loaded instead of loading it twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from a3po.agents import build_agent
+from a3po.config import Config, ConfigError
+from a3po.data import DataError, RewardFn, TaskData, build_reward, load_task
+from a3po.data.rewards import Imported
+from a3po.envs import EnvSpec, build_env
+from a3po.launch import check as check_launcher
+from a3po.pipeline.sinks import check_backends
+from a3po.services import ServiceConfigError, check_service
+
+# what load_inputs raises on bad input: each is one line for the user
+INPUT_ERRORS = (ConfigError, DataError)
+
+
+@dataclass
+class RunInputs:
+    data: TaskData
+    reward_fn: RewardFn
+    env: EnvSpec | None
+    agent: Imported | None
+
+
+def load_inputs(cfg: Config) -> RunInputs:
+    check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
+    check_launcher(cfg)
+    data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
+    reward_fn = build_reward(cfg.train_dataset, data)
+    try:
+        check_service(cfg.reward_service)
+    except ServiceConfigError as e:
+        raise ConfigError(str(e)) from None
+    return RunInputs(data, reward_fn, build_env(cfg.train_dataset, data, reward_fn), build_agent(cfg.train_dataset))
