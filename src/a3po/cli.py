@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         if stop is None:
             raise
         print(f"a3po: interrupted by {stop.name}", file=sys.stderr)
+        if argv is None:  # torch may be half started: its teardown can abort the process (see _leave)
+            _leave(stop.exit_code)
         return stop.exit_code
 
 
