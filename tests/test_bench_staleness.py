@@ -372,6 +372,21 @@ def test_markdown_lists_skipped_cells_and_shows_unlogged_metrics_as_dashes():
     assert "## Proximal approximation error" not in md
 
 
+def test_runs_in_an_environment_show_what_the_first_turn_solved_and_single_turn_runs_do_not():
+    cfg = load_config(None, [], preset="tiny")
+    rows = [_step(1), _step(2, **{"eval/accuracy": 0.5, "eval/first_turn_accuracy": 0.375})]
+    assert summarize(rows, cfg)["first_turn_final"] == 0.375
+    assert math.isnan(summarize([_step(1), _step(2, **{"eval/accuracy": 0.5})], cfg)["first_turn_final"])
+    title = "| of it by the first turn |"
+    episodes = markdown(record_of([_run("coupled", 0, 1, 1), _run("loglinear", 2, 1, 1, first_turn_final=0.375)],
+                                  etas=[0, 2]))
+    assert title in episodes and "`eval/first_turn_accuracy`" in episodes
+    row = next(line for line in episodes.splitlines() if line.startswith("| loglinear | 2 | 1 |"))
+    assert "| 0.500 | 0.375 | 0.400 |" in row  # held-out accuracy, of it by the first turn, final reward
+    single = markdown(record_of([_run("coupled", 0, 1, 1), _run("loglinear", 2, 1, 1)], etas=[0, 2]))
+    assert title not in single and "first_turn" not in single
+
+
 def _cfg_dict() -> dict:
     import yaml
 

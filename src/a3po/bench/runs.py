@@ -193,6 +193,8 @@ def summarize_run(rows: list[dict], cfg: Config | None = None) -> dict:
         else math.nan,
         "tool_use_final": evals[-1].get("eval/tool_use_frac", math.nan) if evals and evals[-1]["step"] == len(steps)
         else math.nan,
+        "first_turn_final": evals[-1].get("eval/first_turn_accuracy", math.nan)  # in an environment
+        if evals and evals[-1]["step"] == len(steps) else math.nan,
         "ratio_max": max(col("loss/ratio_max"), default=math.nan),
         "clipped_tokens_per_step": mean(clipped),
         "capped_frac": mean(col("loss/behav_capped_frac")),

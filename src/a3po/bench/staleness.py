@@ -233,8 +233,8 @@ def stale_distribution(steps: list[dict], eta: int) -> list[float] | None:
 
 
 SCALARS = ("train_wall_s", "step_s", "rollout_wait_s", "train_s", "of_bottleneck", "eval_initial", "eval_final",
-           "reward_final", "clipped_frac", "capped_frac", "idle_frac", "mismatch_k3", "mismatch_abs_mean",
-           "stale_mean_all", "stale_mean_steady", "stale_max", "groups_ahead")
+           "first_turn_final", "reward_final", "clipped_frac", "capped_frac", "idle_frac", "mismatch_k3",
+           "mismatch_abs_mean", "stale_mean_all", "stale_mean_steady", "stale_max", "groups_ahead")
 
 
 def cell_of(run: dict) -> Cell:

@@ -22,6 +22,7 @@ TRAINING = (
     ("of_bottleneck", "of bottleneck", "{:.0%}"),
     ("eval_initial", "held-out acc, start", "{:.3f}"),
     ("eval_final", "held-out acc, end", "{:.3f}"),
+    ("first_turn_final", "of it by the first turn", "{:.3f}"),  # shown where an environment logged it
     ("reward_final", "final reward", "{:.3f}"),
     ("clipped_frac", "clipped frac", "{:.4f}"),
     ("capped_frac", "capped frac", "{:.4f}"),
@@ -39,7 +40,10 @@ SHARE = "{:.0%}"
 
 def markdown(record: dict) -> str:
     table = record["table"]
-    lines = _header(record) + ["", "## Training", "", *_table(table, TRAINING, speed=True), "", *_training_notes()]
+    multi_turn = any(row.get("first_turn_final", {}).get("n") for row in table)
+    columns = tuple(c for c in TRAINING if multi_turn or c[0] != "first_turn_final")
+    lines = _header(record) + ["", "## Training", "", *_table(table, columns, speed=True), "",
+                               *_training_notes(multi_turn)]
     if record.get("paired"):
         lines += ["", "## Against recompute (and variants against their arm), paired by seed", "",
                   *_paired_table(record["paired"]), "", *_paired_notes()]
@@ -208,11 +212,13 @@ def _opt(x: float | None, fmt: str) -> str:
     return "-" if x is None or math.isnan(x) else fmt.format(x)
 
 
-def _training_notes() -> list[str]:
+def _training_notes(multi_turn: bool) -> list[str]:
+    first = (" Of it by the first turn: the share solved by the episode's first answer (`eval/first_turn_accuracy`); "
+             "the rest the later turns added." if multi_turn else "")
     return [
         ("Wall time: the training loop's (sum of `perf/step_s`), without start-up and evaluation; s/step its mean. "
-         "Held-out accuracy: greedy, at step 0 and after the last step. Final reward: mean task reward of the last "
-         "4 steps. Clipped / capped frac: mean over steps of `loss/clipped_frac` (trust-region clip won) and "
+         f"Held-out accuracy: greedy, at step 0 and after the last step.{first} Final reward: mean task reward of "
+         "the last 4 steps. Clipped / capped frac: mean over steps of `loss/clipped_frac` (trust-region clip won) and "
          "`loss/behav_capped_frac` (behaviour weight above its cap). Rollout idle frac: mean of `rollout/idle_frac` "
          "(workers waiting for admission or weights). Mismatch: mean of `mismatch/k3` and `mismatch/abs_mean` over the "
          "steps that logged them, the trainer's log-probs against the rollout engine's on tokens of staleness 0 "
