@@ -57,6 +57,7 @@ def test_nothing_is_borrowed_when_lending_is_off():
     (["rollout.lend_idle_cores=false"], "cpu", False),
     (["cluster.launcher=ray"], "cpu", False),  # workers may be on other nodes
     (["rollout.backend=vllm"], "cpu", False),  # vLLM manages its own threads
+    (["rollout.lockstep=true"], "cpu", False),  # a thread count timing decides: numbers timing decides
     ([], "cuda", False),  # rollout on a GPU
     ([], "cuda:1", False),
 ])

@@ -184,7 +184,8 @@ class RolloutConfig:
     lend_idle_cores: bool = opt(True, "while no rollout worker has a prompt in flight (held back by the staleness "
                                       "bound, or between steps at eta=0), the trainer computes with their threads "
                                       "too; only where the workers compute on this machine's CPU with the local "
-                                      "backend under the local launcher (elsewhere it does nothing)")
+                                      "backend under the local launcher and without rollout.lockstep (elsewhere it "
+                                      "does nothing)")
     device: str = opt(AUTO, "where every rollout worker computes: cpu, cuda, cuda:N (e.g. the trainer on cuda:0, "
                       "rollout on cuda:1); auto = cuda when torch sees a GPU, else cpu", **DEVICE)
     dtype: str = opt(AUTO, "parameter dtype of the rollout engines' model copy; auto = bfloat16 where rollout.device "
@@ -209,7 +210,8 @@ class RolloutConfig:
                                 "max(0, k - eta) (each version is published once the batch it samples is done), "
                                 "each worker generates one batch's groups as one closed engine batch and episode "
                                 "turns in rounds; so a run repeats from its seed on one machine, and two runs that "
-                                "differ in one setting see data of the same staleness (docs/training.md)")
+                                "differ in one setting see data of the same staleness; the trainer does not "
+                                "borrow idle workers' cores (docs/training.md)")
     max_worker_restarts: int = opt(3, "rollout workers replaced after a crash or a hang over the whole run; one more "
                                       "failure stops the run", ge=0)
 

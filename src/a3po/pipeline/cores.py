@@ -14,7 +14,9 @@ at most one layer's work, when the trainer briefly runs one thread too many.
 
 Lending applies only where the workers' shares are cores of this machine that the trainer's
 threads would run on (`lends_cores`); anywhere else borrowing would oversubscribe the
-trainer's own cores.
+trainer's own cores. Not under rollout.lockstep either: CPU kernels may split their work
+differently for another thread count and round differently, so a thread count that timing
+decides would make a lockstep run's numbers depend on timing.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def lends_cores(cfg: Config, rollout_device: torch.device) -> bool:
     its share is not what rollout computes on), not with the vLLM backend (vLLM manages its
     threads itself, its CPU build makes torch.set_num_threads a no-op in the worker, so the
     worker's share is not known to be what it uses)."""
-    return (cfg.rollout.lend_idle_cores and cfg.cluster.launcher == Launcher.LOCAL
+    return (cfg.rollout.lend_idle_cores and not cfg.rollout.lockstep and cfg.cluster.launcher == Launcher.LOCAL
             and cfg.rollout.backend == Backend.LOCAL and rollout_device.type == "cpu")
 
 
