@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,41 +183,41 @@ def test_bench_e2e_writes_tables_json_and_plots(e2e_run):
 
 
 @pytest.mark.slow
-def test_bench_e2e_with_seeds_continues_where_it_stopped(tmp_path):
-    args = ["bench", "e2e", *TINY_E2E, "total_train_steps=2", "--arms", "sync,loglinear", "--seeds", "2", "--out", "b"]
-    res = a3po(*args, cwd=tmp_path)
+def test_bench_e2e_with_seeds_continues_where_it_stopped(e2e_run, tmp_path):
+    """Continues a copy of the fixture's benchmark: one run lost, a second seed asked for."""
+    _, out, first = e2e_run
+    cwd = tmp_path / "copy"
+    shutil.copytree(out.parent.parent, cwd)  # the fixture's working directory, its default --out inside
+    b = cwd / out.relative_to(out.parent.parent)  # a run's folder is recorded relative to it
+    lost = [r for r in first["runs"] if r["arm"] != "sync"]
+    (b / "results.json").write_text(json.dumps({**first, "runs": lost}))
+    args = ["bench", "e2e", *TINY_E2E, "--arms", "sync,loglinear", "--out", str(b), "--seeds", "2"]
+    res = a3po(*args, cwd=cwd)
     assert res.returncode == 0, res.stderr[-3000:]
-    rec = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert sorted((r["arm"], r["seed"]) for r in rec["runs"]) == [("loglinear", 1), ("loglinear", 2),
-                                                                  ("sync", 1), ("sync", 2)]
+    # the lost run is rerun, the new seed runs, and what the other arms measured is kept as it was
+    assert "4 runs" in res.stderr and "1 already done; 4 more kept from earlier invocations" in res.stderr
+    rec = json.loads((b / "results.json").read_text())
+    assert sorted((r["arm"], r["seed"]) for r in rec["runs"]) == sorted(
+        [(r["arm"], 1) for r in first["runs"]] + [("sync", 2), ("loglinear", 2)])
+    assert [r for r in rec["runs"] if r["arm"] != "sync" and r["seed"] == 1] == lost
     row = {r["arm"]: r for r in rec["table"]}["loglinear"]
     assert row["seeds"] == [1, 2] and row["train_wall_s"]["n"] == 2
     assert row["train_wall_s"]["min"] <= row["train_wall_s"]["mean"] <= row["train_wall_s"]["max"]
-    assert " (" in (tmp_path / "b" / "results.md").read_text()  # cells show mean (min..max)
-    # a lost run is rerun; finished ones are kept as they were
-    kept = [r for r in rec["runs"] if (r["arm"], r["seed"]) != ("sync", 2)]
-    (tmp_path / "b" / "results.json").write_text(json.dumps({**rec, "runs": kept}))
-    res = a3po(*args, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "3 already done" in res.stderr
-    again = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert [r for r in again["runs"] if (r["arm"], r["seed"]) != ("sync", 2)] == kept
-    assert len(again["runs"]) == 4
+    assert " (" in (b / "results.md").read_text()  # cells show mean (min..max)
     # fewer seeds: nothing to run, and the other seed's runs are kept (a study grows over invocations)
-    res = a3po(*args[:-4], "--seeds", "1", "--out", "b", cwd=tmp_path)
-    assert res.returncode == 0 and "2 already done; 2 more kept from earlier invocations" in res.stderr
-    assert {r["arm"]: r
-            for r in json.loads((tmp_path / "b" / "results.json").read_text())["table"]}["sync"]["seeds"] == [1, 2]
+    res = a3po(*args[:-2], "--seeds", "1", cwd=cwd)
+    assert res.returncode == 0 and "2 already done; 6 more kept from earlier invocations" in res.stderr, res.stderr
+    assert {r["arm"]: r for r in json.loads((b / "results.json").read_text())["table"]}["sync"]["seeds"] == [1, 2]
     # a different configuration in the same folder is refused (overrides after options are fine)
-    res = a3po(*args, "actor.optimizer.lr=0.1", cwd=tmp_path)
+    res = a3po(*args, "actor.optimizer.lr=0.1", cwd=cwd)
     assert res.returncode == 2 and "different configuration" in res.stderr, res.stderr
-    # the second arm against the first, paired by seed; the page regenerates from results.json alone
-    md = (tmp_path / "b" / "results.md").read_text()
+    # the other arms against the first, paired by seed; the page regenerates from results.json alone
+    md = (b / "results.md").read_text()
     assert "## Against sync, paired by seed" in md and "| loglinear | 2 |" in md
-    (tmp_path / "b" / "results.md").unlink()
-    res = subprocess.run([sys.executable, "-m", "a3po.bench.e2e", str(tmp_path / "b")], capture_output=True,
-                         text=True, timeout=120)
-    assert res.returncode == 0 and (tmp_path / "b" / "results.md").read_text() == md, res.stderr[-2000:]
+    (b / "results.md").unlink()
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.e2e", str(b)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and (b / "results.md").read_text() == md, res.stderr[-2000:]
 
 
 def test_against_first_arm_pairs_each_seeds_problems():

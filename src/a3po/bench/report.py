@@ -8,6 +8,8 @@ import math
 import statistics
 from pathlib import Path
 
+from a3po.bench.args import ARM_NAMES
+
 # (key in a run summary, column title, format)
 COLUMNS = (
     ("train_wall_s", "wall time (s)", "{:.0f}"),
@@ -30,8 +32,13 @@ COLUMNS = (
 APPROXIMATIONS = ("loglinear", "linear", "behav")
 
 
+def measured(x) -> bool:
+    """A value a run measured: not None (not logged, e.g. evaluator.initial=false) and not NaN."""
+    return x is not None and not math.isnan(x)
+
+
 def mean_spread(xs: list) -> dict:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    xs = [x for x in xs if measured(x)]
     if not xs:
         return {"mean": math.nan, "min": math.nan, "max": math.nan, "std": math.nan, "n": 0}
     return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs),
@@ -114,7 +121,7 @@ def held_out_gains(runs: list[dict]) -> dict[str, dict]:
     out = {}
     for arm, rs in _by_arm(runs).items():
         xs = [r["eval_final"] - r["eval_initial"] for r in rs
-              if not (math.isnan(r.get("eval_final", math.nan)) or math.isnan(r.get("eval_initial", math.nan)))]
+              if measured(r.get("eval_final")) and measured(r.get("eval_initial"))]
         if xs:
             out[arm] = t_interval(xs)
     return out
@@ -127,8 +134,10 @@ def task_line(d: dict) -> str:
 
 
 def _by_arm(runs: list[dict]) -> dict[str, list[dict]]:
+    """Finished runs by arm, the arms in their declared order (ARM_NAMES): a study grown over several
+    invocations reads the same, and compares against the same first arm, whatever order they ran in."""
     out: dict[str, list[dict]] = {}
-    for r in runs:
+    for r in sorted(runs, key=lambda r: ARM_NAMES.index(r["arm"]) if r["arm"] in ARM_NAMES else len(ARM_NAMES)):
         if r.get("ok"):
             out.setdefault(r["arm"], []).append(r)
     return out

@@ -1,0 +1,70 @@
+"""Every generated page under docs/results/ is what its committed records give today.
+
+docs/results.md promises that each table comes from committed run records by one command. This
+runs those commands on a copy of every record folder (trains nothing) and compares the pages
+byte for byte, so a change to a report that shifts a committed number, or a record the code can
+no longer read (an older run's missing column), fails here instead of on the day someone
+regenerates it.
+"""
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from a3po.bench import e2e, staleness
+
+DOCS = Path(__file__).parent.parent / "docs"
+RESULTS = DOCS / "results"
+FOLDERS = sorted(p.parent for p in RESULTS.glob("*/results.json"))
+
+
+def _documented_command(start: str) -> list[str]:
+    """The shell command in docs/results.md that begins with `start`, continuation lines joined."""
+    text = (DOCS / "results.md").read_text()
+    found = re.search(re.escape(start) + r"(?:[^\n]*\\\n)*[^\n]*", text)
+    assert found, f"docs/results.md lost the command starting {start!r}"
+    return shlex.split(found.group(0).replace("\\\n", " "))
+
+
+def test_there_are_records_of_both_benchmarks():
+    kinds = {json.loads((f / "results.json").read_text())["benchmark"] for f in FOLDERS}
+    assert kinds == {"e2e", "staleness"}
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_each_folders_page_regenerates_from_its_record(folder, tmp_path):
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("plots"))
+    kind = json.loads((folder / "results.json").read_text())["benchmark"]
+    {"e2e": e2e.regenerate, "staleness": staleness.regenerate}[kind](copy)
+    assert (copy / "results.md").read_text() == (folder / "results.md").read_text()
+    assert json.loads((copy / "results.json").read_text()) == json.loads((folder / "results.json").read_text())
+    assert sorted(p.name for p in (copy / "plots").iterdir()) == sorted(p.name for p in (folder / "plots").iterdir())
+
+
+def test_the_summary_page_is_what_its_documented_command_writes(tmp_path):
+    argv = _documented_command("python -m a3po.bench.staleness --summary")
+    out = argv.index("--summary") + 1
+    assert argv[out] == "docs/results/evidence-summary.md"
+    folders = [Path(a) for a in argv[out + 1:]]
+    assert folders and all(str(f).startswith("docs/results/") for f in folders)
+    for f in folders:
+        shutil.copytree(DOCS.parent / f, tmp_path / f.name, ignore=shutil.ignore_patterns("plots"))
+    staleness.write_summary(tmp_path / "summary.md", [tmp_path / f.name for f in folders])
+    assert (tmp_path / "summary.md").read_text() == (RESULTS / "evidence-summary.md").read_text()
+
+
+def test_the_before_after_page_is_what_its_documented_command_writes(tmp_path):
+    argv = _documented_command("python -m a3po.bench.paired --a")
+    folder = RESULTS / "default-before-after"
+    shutil.copytree(folder, tmp_path / "f")
+    (tmp_path / "f" / "results.md").unlink()
+    res = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path / "f", capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "f" / "results.md").read_text() == (folder / "results.md").read_text()
