@@ -312,20 +312,23 @@ def test_model_flops_count_every_linear_weight_once_per_token():
 
 
 @pytest.mark.slow
-def test_bench_e2e_service_arm_trains_on_the_same_reward_through_a_slow_service_and_continues(tmp_path):
-    args = ["bench", "e2e", "--preset", "tiny", "--arms", "loglinear,service", "--service-delay-s", "0.3",
-            "total_train_steps=2", "--out", "out"]
-    res = a3po(*args, cwd=tmp_path)
+def test_bench_e2e_service_arm_trains_on_the_same_reward_through_a_slow_service_and_continues(e2e_run, tmp_path):
+    """Adds the service arm to a copy of the fixture's benchmark: its loglinear run is the rule-reward twin."""
+    _, out, _ = e2e_run
+    b = tmp_path / "b"
+    shutil.copytree(out, b)
+    args = ["bench", "e2e", *TINY_E2E, "--arms", "loglinear,service", "--service-delay-s", "0.3", "--out", str(b)]
+    res = a3po(*args, cwd=out.parent.parent)  # where the fixture ran: its runs' folders are recorded relative to it
     assert res.returncode == 0, res.stderr[-3000:]
-    rec = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert "1 already done" in res.stderr
+    rec = json.loads((b / "results.json").read_text())
     runs = {r["arm"]: r for r in rec["runs"]}
     service, rule = rec["configs"]["service-seed1"], rec["configs"]["loglinear-seed1"]
     assert service["reward_service"]["kind"] == "scorer" and service["reward_service"]["rule_weight"] == 0
     assert {**service, "reward_service": rule["reward_service"]} == rule  # nothing else differs
     assert runs["service"]["service_s_per_group"] >= 0.3 and runs["loglinear"]["service_s_per_group"] is None
-    assert 0 <= runs["service"]["idle_frac"] <= 1 and "reward service (s/group)" in (tmp_path / "out" /
-                                                                                    "results.md").read_text()
-    again = a3po(*args, cwd=tmp_path)  # the stub listens on a new port: still the same runs, nothing reruns
+    assert 0 <= runs["service"]["idle_frac"] <= 1 and "reward service (s/group)" in (b / "results.md").read_text()
+    again = a3po(*args, cwd=out.parent.parent)  # the stub listens on a new port: still the same runs, none reruns
     assert again.returncode == 0 and "2 already done" in again.stderr, again.stderr[-2000:]
 
 
