@@ -462,10 +462,12 @@ def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in (out / "plots").iterdir())
 
-    # one page over several folders: each folder's cells and paired rows, headed free-running or lockstep
+    # one page over several folders: each folder's cells and paired rows, headed free-running or lockstep, the
+    # environment named where episodes have turns
     record = json.loads((out / "results.json").read_text())
     for cfg in record["configs"].values():
         cfg["rollout"]["lockstep"] = True
+        cfg["train_dataset"]["env"] = "retry"
     (tmp_path / "second").mkdir()
     (tmp_path / "second" / "results.json").write_text(json.dumps(record))
     page = tmp_path / "summary.md"
@@ -475,7 +477,7 @@ def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     text = page.read_text()
     assert f"## {tmp_path.name} (free-running, " in text and "## second (lockstep, " in text
     assert "| loglinear (free-running) | recompute | 2 | 1 | 1 |" in text
-    assert "| loglinear (lockstep) | recompute | 2 | 1 | 1 |" in text
+    assert "| loglinear (lockstep, `retry` multi-turn) | recompute | 2 | 1 | 1 |" in text
     for row in record["table"]:
         acc = row["eval_final"]["mean"]
         assert text.count(f"| {row['arm']} | {row['eta']} | {row['minibatches']} | {len(row['seeds'])} | "

@@ -147,11 +147,14 @@ def _paired_table(rows: list[dict]) -> list[str]:
 
 def summary(records: dict[str, dict]) -> str:
     """One page over several study folders (name -> results.json): every paired comparison of all of them in one
-    table, marked lockstep (paired staleness, repeatable) or free-running (timing decides the staleness), then
+    table, marked lockstep (paired staleness, repeatable) or free-running (timing decides the staleness) and with
+    the environment where episodes have turns, then
     each folder's cells (held-out accuracy at the end, mean and range over seeds)."""
     modes = {name: "lockstep" if next(iter(r["configs"].values()))["rollout"].get("lockstep") else "free-running"
              for name, r in records.items()}
-    rows = [{**p, "arm": f"{p['arm']} ({modes[name]})"} for name, r in records.items() for p in r.get("paired", [])]
+    envs = {name: next(iter(r["configs"].values()))["train_dataset"].get("env") for name, r in records.items()}
+    rows = [{**p, "arm": f"{p['arm']} ({modes[name]}" + (f", `{envs[name]}` multi-turn)" if envs[name] else ")")}
+            for name, r in records.items() for p in r.get("paired", [])]
     lines = ["# The evidence study, every folder", "",
              "Written by `python -m a3po.bench.staleness --summary OUT DIR ...` from the folders' results.json.", "",
              "## Every paired comparison", "", *_paired_table(rows), "", *_paired_notes()]
