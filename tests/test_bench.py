@@ -186,9 +186,9 @@ def test_bench_e2e_writes_tables_json_and_plots(e2e_run):
 def test_bench_e2e_with_seeds_continues_where_it_stopped(e2e_run, tmp_path):
     """Continues a copy of the fixture's benchmark: one run lost, a second seed asked for."""
     _, out, first = e2e_run
-    cwd = tmp_path / "copy"
-    shutil.copytree(out.parent.parent, cwd)  # the fixture's working directory, its default --out inside
-    b = cwd / out.relative_to(out.parent.parent)  # a run's folder is recorded relative to it
+    b = tmp_path / "b"
+    shutil.copytree(out, b)
+    cwd = out.parent.parent  # where the fixture ran: its runs' folders are recorded relative to it
     lost = [r for r in first["runs"] if r["arm"] != "sync"]
     (b / "results.json").write_text(json.dumps({**first, "runs": lost}))
     args = ["bench", "e2e", *TINY_E2E, "--arms", "sync,loglinear", "--out", str(b), "--seeds", "2"]
@@ -318,7 +318,7 @@ def test_bench_e2e_service_arm_trains_on_the_same_reward_through_a_slow_service_
     b = tmp_path / "b"
     shutil.copytree(out, b)
     args = ["bench", "e2e", *TINY_E2E, "--arms", "loglinear,service", "--service-delay-s", "0.3", "--out", str(b)]
-    res = a3po(*args, cwd=out.parent.parent)  # where the fixture ran: its runs' folders are recorded relative to it
+    res = a3po(*args, cwd=out.parent.parent)  # where the fixture ran, as in the test above
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1 already done" in res.stderr
     rec = json.loads((b / "results.json").read_text())
