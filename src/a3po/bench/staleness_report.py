@@ -148,18 +148,18 @@ def _paired_table(rows: list[dict]) -> list[str]:
 def summary(records: dict[str, dict]) -> str:
     """One page over several study folders (name -> results.json): every paired comparison of all of them in one
     table, marked lockstep (paired staleness, repeatable) or free-running (timing decides the staleness) and with
-    the environment where episodes have turns, then
-    each folder's cells (held-out accuracy at the end, mean and range over seeds)."""
-    modes = {name: "lockstep" if next(iter(r["configs"].values()))["rollout"].get("lockstep") else "free-running"
-             for name, r in records.items()}
-    envs = {name: next(iter(r["configs"].values()))["train_dataset"].get("env") for name, r in records.items()}
+    the environment where episodes have turns, then each folder's cells (held-out accuracy at the end, mean and
+    range over seeds). A folder holds one yardstick and one mode, so its first run's configuration speaks for it."""
+    configs = {name: next(iter(r["configs"].values())) for name, r in records.items()}
+    modes = {name: "lockstep" if cfg["rollout"].get("lockstep") else "free-running" for name, cfg in configs.items()}
+    envs = {name: cfg["train_dataset"].get("env") for name, cfg in configs.items()}
     rows = [{**p, "arm": f"{p['arm']} ({modes[name]}" + (f", `{envs[name]}` multi-turn)" if envs[name] else ")")}
             for name, r in records.items() for p in r.get("paired", [])]
     lines = ["# The evidence study, every folder", "",
              "Written by `python -m a3po.bench.staleness --summary OUT DIR ...` from the folders' results.json.", "",
              "## Every paired comparison", "", *_paired_table(rows), "", *_paired_notes()]
     for name, record in records.items():
-        cfg = next(iter(record["configs"].values()))
+        cfg = configs[name]
         lines += ["", f"## {name} ({modes[name]}, {cfg['total_train_steps']} steps, task "
                       f"{task_line(cfg['train_dataset'])})", "",
                   "| arm | eta | minibatches | seeds | held-out acc, end: mean (min..max) |",
