@@ -161,7 +161,9 @@ def test_a_continuation_asking_for_part_of_a_study_keeps_the_rest(bench, tmp_pat
     _, cwd, out, rec = bench
     part = tmp_path / "part"
     part.mkdir()
-    (part / "results.json").write_text((out / "results.json").read_text())
+    earlier = dict(json.loads((out / "results.json").read_text()), cpu_model="An Earlier CPU")  # made elsewhere
+    earlier.pop("machines", None)  # a record from before any continuation names one machine
+    (part / "results.json").write_text(json.dumps(earlier))
     res = a3po("bench", "staleness", *TINY, "--etas", "2", "--minibatches", "1", "--arms", "loglinear",
                "--out", str(part), cwd=cwd)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -171,6 +173,9 @@ def test_a_continuation_asking_for_part_of_a_study_keeps_the_rest(bench, tmp_pat
     assert len(again["commands"]) == 2 and again["commands"][1].endswith(f"--out {part}")
     md = (part / "results.md").read_text()
     assert "Commands (each continued the same folder):" in md and "arms coupled, recompute, loglinear, reuse" in md
+    # the folder names both machines, the earlier first, not only the one that continued it
+    assert [m["cpu_model"] for m in again["machines"]] == ["An Earlier CPU", rec["cpu_model"]]
+    assert "Machines (its invocations ran on 2, in this order): An Earlier CPU (" in md and rec["cpu_model"] in md
 
 
 def test_a_cell_the_configuration_refuses_stops_everything_before_running(tmp_path):

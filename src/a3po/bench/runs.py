@@ -287,6 +287,8 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
                           "choose a new --out")
     commands = old.get("commands") or [old["command"]]
     header["commands"] = [*commands, *([header["command"]] if header["command"] not in commands else [])]
+    machines = old.get("machines") or [machine_of(old)]
+    header["machines"] = [*machines, *([machine_of(header)] if machine_of(header) not in machines else [])]
     keep = []
     for r in old.get("runs", []):
         key = key_of(r)
@@ -327,6 +329,12 @@ def same_configuration(old: dict | None, new: dict) -> bool:
         return all(k in n for k in o)
 
     return same(old, new, defaults)
+
+
+def machine_of(record: dict) -> dict:
+    """The machine fields of a results header (machine()'s keys), so that a folder continued on
+    another machine keeps naming every machine its runs were made on."""
+    return {k: record.get(k) for k in ("cpu_model", "avx512_bf16", "cpu_count", "torch")}
 
 
 def machine() -> dict:

@@ -65,11 +65,21 @@ def markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _machines(record: dict) -> str:
+    """'Machine: ...', or every machine in the order the folder's invocations ran on them."""
+    def one(m: dict) -> str:
+        bf16 = "with" if m["avx512_bf16"] else "without"
+        return f"{m['cpu_model']} ({bf16} AVX512-BF16), {m['cpu_count']} CPUs, torch {m['torch']}"
+    machines = record.get("machines") or [record]
+    if len(machines) == 1:
+        return f"Machine: {one(machines[0])}"
+    return f"Machines (its invocations ran on {len(machines)}, in this order): " + "; ".join(map(one, machines))
+
+
 def _header(record: dict) -> list[str]:
     args = record["args"]
     cfg = next(iter(record["configs"].values()))
     a, g, d = cfg["actor"], cfg["gconfig"], cfg["train_dataset"]
-    bf16 = "with" if record["avx512_bf16"] else "without"
     commands = record.get("commands") or [record["command"]]
     runs = [r for r in record["runs"] if r.get("ok")] or [{"eta": e, "minibatches": m, "arm": x, "seed": 0}
                                                          for e in args["etas"] for m in args["minibatches"]
@@ -81,8 +91,7 @@ def _header(record: dict) -> list[str]:
         *([f"Command: `{commands[0]}`"] if len(commands) == 1 else
           ["Commands (each continued the same folder):", "", *(f"- `{c}`" for c in commands)]),
         "",
-        (f"Machine: {record['cpu_model']} ({bf16} AVX512-BF16), {record['cpu_count']} CPUs, torch {record['torch']}; "
-         f"benchmark wall time {record['wall_s'] / 60:.1f} min."),
+        f"{_machines(record)}; benchmark wall time {record['wall_s'] / 60:.1f} min.",
         "",
         f"Model `{a['path']}`, task {task_line(d)}, {cfg['total_train_steps']} steps of {d['batch_size']} prompts x "
         f"{g['n_samples']} samples; eta (`rollout.max_head_offpolicyness`) {_csv(sorted({r['eta'] for r in runs}))}, "
