@@ -287,8 +287,8 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
                           "choose a new --out")
     commands = old.get("commands") or [old["command"]]
     header["commands"] = [*commands, *([header["command"]] if header["command"] not in commands else [])]
-    machines = old.get("machines") or [machine_of(old)]
-    header["machines"] = [*machines, *([machine_of(header)] if machine_of(header) not in machines else [])]
+    machines, mine = old.get("machines") or [machine_of(old)], machine_of(header)
+    header["machines"] = [*machines, *([mine] if mine not in machines else [])]
     keep = []
     for r in old.get("runs", []):
         key = key_of(r)
