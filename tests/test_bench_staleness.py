@@ -483,6 +483,8 @@ def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     assert f"## {tmp_path.name} (free-running, " in text and "## second (lockstep, " in text
     assert "| loglinear (free-running) | recompute | 2 | 1 | 1 |" in text
     assert "| loglinear (lockstep, `retry` multi-turn) | recompute | 2 | 1 | 1 |" in text
+    # one seed a cell: no interval, so nothing that chance could have made measurable
+    assert "0 of these comparisons have an interval, and 0 of them read better or worse" in text
     for row in record["table"]:
         acc = row["eval_final"]["mean"]
         assert text.count(f"| {row['arm']} | {row['eta']} | {row['minibatches']} | {len(row['seeds'])} | "

@@ -166,7 +166,7 @@ def summary(records: dict[str, dict]) -> str:
             for name, r in records.items() for p in r.get("paired", [])]
     lines = ["# The evidence study, every folder", "",
              "Written by `python -m a3po.bench.staleness --summary OUT DIR ...` from the folders' results.json.", "",
-             "## Every paired comparison", "", *_paired_table(rows), "", *_paired_notes()]
+             "## Every paired comparison", "", *_paired_table(rows), "", *_paired_notes(), "", _by_chance(rows)]
     for name, record in records.items():
         cfg = configs[name]
         lines += ["", f"## {name} ({modes[name]}, {cfg['total_train_steps']} steps, task "
@@ -218,6 +218,17 @@ def _paired_notes() -> list[str]:
              "and with rollout.lockstep the same staleness at every step): per seed the mean over problems, then the "
              "mean over seeds and its 95 % Student-t interval. An interval that holds 0 is no measurable "
              "difference.")]
+
+
+def _by_chance(rows: list[dict]) -> str:
+    """How many of the page's readings chance alone would make: a 95 % interval excludes 0 one time in 20 when
+    the arms do not differ, so among many comparisons a few read "better" or "worse" anyway. The expected count
+    holds however the comparisons depend on each other (they share references)."""
+    tested = [r for r in rows if reading(r) in ("better", "worse", "no measurable difference")]
+    measurable = sum(reading(r) != "no measurable difference" for r in tested)
+    return (f"{len(tested)} of these comparisons have an interval, and {measurable} of them read better or worse. "
+            f"If no arm differed from its reference, about {len(tested) / 20:.1f} would read so by chance alone "
+            "(each interval is 95 %): a lone reading decides nothing until more seeds confirm it.")
 
 
 def _opt(x: float | None, fmt: str) -> str:
