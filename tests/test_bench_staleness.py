@@ -574,3 +574,54 @@ def test_the_paired_table_reads_one_seed_as_no_interval_yet():
     lines = _paired_table([one, three])
     assert lines[2].endswith("| - | one seed: no interval yet |")
     assert lines[3].endswith("| [-0.100, +0.200] | no measurable difference |")
+
+
+def _study_copy(record: dict, folder: Path, drop: set[str]) -> Path:
+    """A copy of a study folder as it would stand had the runs in `drop` not been made there."""
+    kept = {k: v for k, v in record.items() if k not in ("runs", "configs")}
+    kept["runs"] = [r for r in record["runs"] if r["key"] not in drop]
+    kept["configs"] = {k: v for k, v in record["configs"].items() if k not in drop}
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(kept))
+    return folder
+
+
+def test_two_copies_of_a_study_continued_apart_join_into_the_whole_study(tmp_path):
+    """A committed multi-turn study split as two side-by-side continuations would leave it: the shared
+    runs in both, the coupled runs in one, the fifth seeds in the other. Joined, the page is the study's."""
+    whole = json.loads((Path(__file__).parent.parent / "docs/results/evidence-retry-eta2-lockstep/results.json")
+                       .read_text())
+    coupled = {r["key"] for r in whole["runs"] if r["arm"] == "coupled"}
+    fifth = {r["key"] for r in whole["runs"] if r["seed"] == 5}
+    assert coupled and fifth
+    into = _study_copy(whole, tmp_path / "into", coupled)
+    other = _study_copy(whole, tmp_path / "other", fifth)
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(other), str(into)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    joined = json.loads((into / "results.json").read_text())
+    assert sorted(r["key"] for r in joined["runs"]) == sorted(r["key"] for r in whole["runs"])
+    assert joined["configs"] == whole["configs"]
+    assert joined["table"] == whole["table"] and joined["paired"] == whole["paired"]
+    added = sum(r["process_wall_s"] for r in whole["runs"] if r["key"] in coupled)
+    assert joined["wall_s"] == pytest.approx(whole["wall_s"] + added)
+    assert "| coupled | 2 | 4 |" in (into / "results.md").read_text()
+
+    # a run both made, with other results: refused in one line, nothing written
+    before = (into / "results.json").read_text()
+    changed = json.loads(before)
+    changed["runs"][0]["eval_final"] = 0.0
+    (other / "results.json").write_text(json.dumps(changed))
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(other), str(into)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert f"both hold a run {whole['runs'][0]['key']} with different results" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert (into / "results.json").read_text() == before
+
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(other), str(into), str(other)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "exactly one folder" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(tmp_path / "nowhere"), str(into)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "nowhere: no results.json there" in res.stderr

@@ -305,6 +305,42 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
     return keep, old.get("wall_s") or 0.0
 
 
+def join_records(into: dict, other: dict, where: str) -> tuple[dict, list[dict], float]:
+    """`into`'s results.json with the finished runs of `other` added: two copies of one study folder continued
+    apart (side by side on one machine, or on two) made into one. A run both hold must be the same record (the
+    copied part they share); anything else is refused, as is a run made with another configuration than one of
+    the same key in `into`. The wall time grows by the added runs' process times (the other folder's own
+    invocation overhead is not known apart from the shared part's). Returns (header, runs, wall_s) for the
+    benchmark's writer. `where` names the two folders in errors."""
+    if other.get("benchmark") != into.get("benchmark"):
+        raise ConfigError(f"{where}: one holds a bench {into.get('benchmark')}, the other a bench "
+                          f"{other.get('benchmark')}; only two folders of one benchmark join")
+    mine = {r["key"]: r for r in into["runs"]}
+    header = {k: v for k, v in into.items() if k not in ("runs", "wall_s")}
+    header["configs"] = dict(into["configs"])
+    header["commands"] = [*into.get("commands", [into["command"]]),
+                          *(c for c in other.get("commands", [other["command"]]) if c not in into.get("commands", []))]
+    machines = into.get("machines") or [machine_of(into)]
+    header["machines"] = [*machines, *(m for m in other.get("machines") or [machine_of(other)] if m not in machines)]
+    runs, added_s = list(into["runs"]), 0.0
+    for r in other["runs"]:
+        key = r["key"]
+        if key in mine:
+            if mine[key] != r:
+                raise ConfigError(f"{where}: both hold a run {key} with different results; keep one (delete the "
+                                  "other's entry from its results.json) and join again")
+            continue
+        if not r.get("ok"):
+            continue
+        cfg = other["configs"][key]
+        if key in into["configs"] and not same_configuration(into["configs"][key], cfg):
+            raise ConfigError(f"{where}: run {key} was configured differently in the two; they are not one study")
+        header["configs"][key] = cfg
+        runs.append(r)
+        added_s += r.get("process_wall_s") or 0.0
+    return header, runs, (into.get("wall_s") or 0.0) + added_s
+
+
 def same_configuration(old: dict | None, new: dict) -> bool:
     """Would `new` repeat the run recorded with `old`? Equal, except that a key the old record lacks (added to
     a3po since) counts as the same when `new` holds its default: a key's default keeps the behaviour from before

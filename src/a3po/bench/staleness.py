@@ -408,6 +408,20 @@ def main(args: StalenessArgs, argv: list[str]) -> int:
     return status
 
 
+def join(into: Path, other: Path) -> dict:
+    """Add the finished runs of `other`, a copy of the study folder `into` continued apart, to `into`, and
+    write its page again (runs.join_records says what must agree)."""
+    from a3po.bench.runs import join_records
+
+    for f in (into, other):
+        if not (f / RESULTS).is_file():
+            raise ConfigError(f"{f}: no {RESULTS} there; --join takes two folders written by a3po bench staleness")
+    records = [json.loads((f / RESULTS).read_text()) for f in (into, other)]
+    header, runs, wall_s = join_records(*records, where=f"joining {other} into {into}")
+    header = {k: v for k, v in header.items() if k not in DERIVED}
+    return write_results(into, header, runs, wall_s)
+
+
 def write_summary(out: Path, folders: list[Path]) -> None:
     """The cross-folder page (staleness_report.summary) of already regenerated folders."""
     from a3po.bench.staleness_report import summary
@@ -424,7 +438,18 @@ if __name__ == "__main__":
                                               "results.json (trains nothing); with --summary, also one page over all.")
     cli.add_argument("folders", nargs="*", type=Path, default=[Path(".")])
     cli.add_argument("--summary", type=Path, metavar="OUT", help="write the cross-folder page here")
+    cli.add_argument("--join", type=Path, metavar="OTHER",
+                     help="first add the finished runs of OTHER (a copy of the one folder given, continued apart: "
+                          "side by side, or on another machine) to that folder")
     opts = cli.parse_args()
+    if opts.join is not None:
+        if len(opts.folders) != 1:
+            cli.error("--join OTHER adds to exactly one folder: python -m a3po.bench.staleness --join OTHER FOLDER")
+        try:
+            join(opts.folders[0], opts.join)
+        except ConfigError as e:
+            cli.exit(2, f"error: {e}\n")
+        print(f"joined the runs of {opts.join} into {opts.folders[0]}")
     for folder in opts.folders:
         regenerate(folder)
         print(f"wrote {folder / 'results.md'}")
