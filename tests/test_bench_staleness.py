@@ -605,7 +605,10 @@ def test_two_copies_of_a_study_continued_apart_join_into_the_whole_study(tmp_pat
     assert joined["table"] == whole["table"] and joined["paired"] == whole["paired"]
     added = sum(r["process_wall_s"] for r in whole["runs"] if r["key"] in coupled)
     assert joined["wall_s"] == pytest.approx(whole["wall_s"] + added)
-    assert "| coupled | 2 | 4 |" in (into / "results.md").read_text()
+    page = (into / "results.md").read_text()
+    assert "| coupled | 2 | 4 |" in page
+    assert joined["commands"][-1] == f"python -m a3po.bench.staleness --join {other} {into}"
+    assert f"- `python -m a3po.bench.staleness --join {other} {into}`" in page and "a --join added" in page
 
     # a run both made, with other results: refused in one line, nothing written
     before = (into / "results.json").read_text()

@@ -89,7 +89,9 @@ def _header(record: dict) -> list[str]:
         "# a3po bench staleness",
         "",
         *([f"Command: `{commands[0]}`"] if len(commands) == 1 else
-          ["Commands (each continued the same folder):", "", *(f"- `{c}`" for c in commands)]),
+          [("Commands (each continued the same folder; a --join added the runs a copy of it made elsewhere):"
+            if any(" --join " in c for c in commands) else "Commands (each continued the same folder):"),
+           "", *(f"- `{c}`" for c in commands)]),
         "",
         f"{_machines(record)}; benchmark wall time {record['wall_s'] / 60:.1f} min.",
         "",
