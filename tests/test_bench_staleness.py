@@ -610,6 +610,23 @@ def test_two_copies_of_a_study_continued_apart_join_into_the_whole_study(tmp_pat
     assert joined["commands"][-1] == f"python -m a3po.bench.staleness --join {other} {into}"
     assert f"- `python -m a3po.bench.staleness --join {other} {into}`" in page and "a --join added" in page
 
+    # joining the same copy again adds nothing, not even its command a second time
+    before = (into / "results.json").read_text()
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(other), str(into)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((into / "results.json").read_text()) == json.loads(before)
+
+    # a run that failed in the folder and finished in the copy is kept finished
+    failed = json.loads(before)
+    first = failed["runs"][0]
+    failed["runs"][0] = {**first, "ok": False, "returncode": 1, "eval_final": None}
+    (into / "results.json").write_text(json.dumps(failed))
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(other), str(into)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((into / "results.json").read_text())["runs"][0] == first
+
     # a run both made, with other results: refused in one line, nothing written
     before = (into / "results.json").read_text()
     changed = json.loads(before)

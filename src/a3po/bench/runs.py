@@ -309,9 +309,10 @@ def join_records(into: dict, other: dict, where: str) -> tuple[dict, list[dict],
     """`into`'s results.json with the finished runs of `other` added: two copies of one study folder continued
     apart (side by side on one machine, or on two) made into one. A run both hold must be the same record (the
     copied part they share); anything else is refused, as is a run made with another configuration than one of
-    the same key in `into`. The wall time grows by the added runs' process times (the other folder's own
-    invocation overhead is not known apart from the shared part's). Returns (header, runs, wall_s) for the
-    benchmark's writer. `where` names the two folders in errors."""
+    the same key in `into`. A run that failed in `into` and finished in `other` is kept finished. The wall time
+    grows by the added runs' process times (the other folder's own invocation overhead is not known apart from
+    the shared part's). Returns (header, runs, wall_s) for the benchmark's writer; `where` names the two folders
+    in errors."""
     if other.get("benchmark") != into.get("benchmark"):
         raise ConfigError(f"{where}: one holds a bench {into.get('benchmark')}, the other a bench "
                           f"{other.get('benchmark')}; only two folders of one benchmark join")
@@ -325,18 +326,16 @@ def join_records(into: dict, other: dict, where: str) -> tuple[dict, list[dict],
     runs, added_s = list(into["runs"]), 0.0
     for r in other["runs"]:
         key = r["key"]
-        if key in mine:
-            if mine[key] != r:
-                raise ConfigError(f"{where}: both hold a run {key} with different results; keep one (delete the "
-                                  "other's entry from its results.json) and join again")
+        if not r.get("ok") or mine.get(key) == r:
             continue
-        if not r.get("ok"):
-            continue
+        if mine.get(key, {}).get("ok"):
+            raise ConfigError(f"{where}: both hold a run {key} with different results; keep one (delete the "
+                              "other's entry from its results.json) and join again")
         cfg = other["configs"][key]
         if key in into["configs"] and not same_configuration(into["configs"][key], cfg):
             raise ConfigError(f"{where}: run {key} was configured differently in the two; they are not one study")
         header["configs"][key] = cfg
-        runs.append(r)
+        runs = [r if x["key"] == key else x for x in runs] if key in mine else [*runs, r]
         added_s += r.get("process_wall_s") or 0.0
     return header, runs, (into.get("wall_s") or 0.0) + added_s
 

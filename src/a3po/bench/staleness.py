@@ -419,7 +419,8 @@ def join(into: Path, other: Path) -> dict:
     records = [json.loads((f / RESULTS).read_text()) for f in (into, other)]
     header, runs, wall_s = join_records(*records, where=f"joining {other} into {into}")
     header = {k: v for k, v in header.items() if k not in DERIVED}
-    header["commands"] = [*header["commands"], f"python -m a3po.bench.staleness --join {other} {into}"]
+    command = f"python -m a3po.bench.staleness --join {other} {into}"
+    header["commands"] = [*(c for c in header["commands"] if c != command), command]
     return write_results(into, header, runs, wall_s)
 
 
