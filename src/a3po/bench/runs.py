@@ -285,10 +285,8 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
     if old.get("benchmark", header["benchmark"]) != header["benchmark"]:
         raise ConfigError(f"--out {bench_dir}: it holds a bench {old['benchmark']}, not a bench {header['benchmark']}; "
                           "choose a new --out")
-    commands = old.get("commands") or [old["command"]]
-    header["commands"] = [*commands, *([header["command"]] if header["command"] not in commands else [])]
-    machines, mine = old.get("machines") or [machine_of(old)], machine_of(header)
-    header["machines"] = [*machines, *([mine] if mine not in machines else [])]
+    header["commands"] = _union(_commands_of(old), [header["command"]])
+    header["machines"] = _union(_machines_of(old), [machine_of(header)])
     keep = []
     for r in old.get("runs", []):
         key = key_of(r)
@@ -319,10 +317,8 @@ def join_records(into: dict, other: dict, where: str) -> tuple[dict, list[dict],
     mine = {r["key"]: r for r in into["runs"]}
     header = {k: v for k, v in into.items() if k not in ("runs", "wall_s")}
     header["configs"] = dict(into["configs"])
-    header["commands"] = [*into.get("commands", [into["command"]]),
-                          *(c for c in other.get("commands", [other["command"]]) if c not in into.get("commands", []))]
-    machines = into.get("machines") or [machine_of(into)]
-    header["machines"] = [*machines, *(m for m in other.get("machines") or [machine_of(other)] if m not in machines)]
+    header["commands"] = _union(_commands_of(into), _commands_of(other))
+    header["machines"] = _union(_machines_of(into), _machines_of(other))
     runs, added_s = list(into["runs"]), 0.0
     for r in other["runs"]:
         key = r["key"]
@@ -338,6 +334,19 @@ def join_records(into: dict, other: dict, where: str) -> tuple[dict, list[dict],
         runs = [r if x["key"] == key else x for x in runs] if key in mine else [*runs, r]
         added_s += r.get("process_wall_s") or 0.0
     return header, runs, (into.get("wall_s") or 0.0) + added_s
+
+
+def _commands_of(record: dict) -> list:
+    return record.get("commands") or [record["command"]]  # records before `commands` held one
+
+
+def _machines_of(record: dict) -> list:
+    return record.get("machines") or [machine_of(record)]  # records before `machines` held one
+
+
+def _union(first: list, then: list) -> list:
+    """`first`, then what `then` adds to it, in order."""
+    return [*first, *(x for x in then if x not in first)]
 
 
 def same_configuration(old: dict | None, new: dict) -> bool:
