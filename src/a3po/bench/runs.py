@@ -20,9 +20,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 
-import torch
 import yaml
 from tqdm import tqdm
 
@@ -32,7 +32,7 @@ from a3po.bench.common import machine as common_machine
 from a3po.bench.common import progress
 from a3po.config import Config, ConfigError, dump_yaml
 from a3po.files import unique_dir
-from a3po.pipeline.run import HELD_OUT
+from a3po.pipeline.sinks import HELD_OUT
 
 RESULTS = "results.json"
 CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (docs/operations.md)
@@ -385,4 +385,4 @@ def machine() -> dict:
     """What the timings were measured on, as header keys of results.json: CPU model, whether it
     computes bf16 natively, cores, torch (bench/common.py reads the CPU)."""
     m = common_machine()
-    return {"cpu_model": m["cpu"], "avx512_bf16": m["avx512_bf16"], "cpu_count": m["cores"], "torch": torch.__version__}
+    return {"cpu_model": m["cpu"], "avx512_bf16": m["avx512_bf16"], "cpu_count": m["cores"], "torch": version("torch")}

@@ -39,7 +39,7 @@ from a3po.pipeline.evaluate import Evaluation, Evaluator
 from a3po.pipeline.inputs import RunInputs, load_inputs
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
-from a3po.pipeline.sinks import Sinks
+from a3po.pipeline.sinks import HELD_OUT, Sinks
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
 from a3po.rollout.worker import Scoring
@@ -248,9 +248,6 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
         finished = True
     print(summary(history, run_dir, time.perf_counter() - t_start))
     return 0
-
-
-HELD_OUT = "held_out.jsonl"  # per evaluation: each held-out example solved or not, for paired comparisons
 
 
 def _evaluated(ev: Evaluation, run_dir: Path, step: int) -> dict[str, float]:

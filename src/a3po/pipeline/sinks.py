@@ -15,6 +15,7 @@ from pathlib import Path
 from a3po.config import ConfigError
 from a3po.files import atomic_write_text, writing
 
+HELD_OUT = "held_out.jsonl"  # per evaluation: each held-out example solved or not, for paired comparisons
 BACKENDS = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb (then wandb login)"}
 
 
