@@ -146,6 +146,10 @@ CASES = {
     "data-empty": early([*TINY, *FILE, "train_dataset.path=empty.jsonl"], "holds no rows"),
     "data-too-few-rows": early([*TINY, *FILE, "train_dataset.path=few.jsonl"], "lower evaluator.size"),
     "data-unsupported-type": early([*TINY, *FILE, "train_dataset.path=data.csv"], "unsupported file type .csv"),
+    "path-without-task-file": early([*TINY, "train_dataset.path=good.jsonl"],
+                                    "train_dataset.path='good.jsonl' conflicts: only read with train_dataset.task=file"),
+    "task-params-with-a-file": early([*TINY, *FILE, "train_dataset.path=good.jsonl", "train_dataset.task_params={}"],
+                                     "train_dataset.task_params={} conflicts"),
     "unknown-task": early([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
     # model folders and hub ids
     "model-missing": Case([*TINY, "actor.path=./no-such-model"], "no such directory"),
