@@ -147,7 +147,8 @@ CASES = {
     "data-too-few-rows": early([*TINY, *FILE, "train_dataset.path=few.jsonl"], "lower evaluator.size"),
     "data-unsupported-type": early([*TINY, *FILE, "train_dataset.path=data.csv"], "unsupported file type .csv"),
     "path-without-task-file": early([*TINY, "train_dataset.path=good.jsonl"],
-                                    "train_dataset.path='good.jsonl' conflicts: only read with train_dataset.task=file"),
+                                    "train_dataset.path='good.jsonl' conflicts: only read with "
+                                    "train_dataset.task=file"),
     "task-params-with-a-file": early([*TINY, *FILE, "train_dataset.path=good.jsonl", "train_dataset.task_params={}"],
                                      "train_dataset.task_params={} conflicts"),
     "unknown-task": early([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
