@@ -39,6 +39,7 @@ from a3po.pipeline.evaluate import Evaluation, Evaluator
 from a3po.pipeline.inputs import RunInputs, load_inputs
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
+from a3po.pipeline.progress import ProgressBar
 from a3po.pipeline.sinks import Sinks
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
@@ -225,7 +226,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
             sinks.log(0, first)
             history.append({"step": 0, **first})
         pool.wait_ready(cfg.rollout.stall_timeout_s)
-        bar = tqdm(total=cfg.total_train_steps, initial=start_step, desc="a3po train", unit="step", dynamic_ncols=True)
+        bar = ProgressBar(total=cfg.total_train_steps, initial=start_step, file=sys.stderr)
         cleanup.callback(bar.close)  # first to run: whatever is printed next starts a line of its own
         progress.training = True
         last_acc = history[-1].get("eval/accuracy") if history else None
@@ -243,7 +244,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
             history.append({"step": step, **stats})
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
                 _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
-            bar.set_postfix_str(_postfix(stats, last_acc), refresh=False)
+            bar.show(_facts(stats, last_acc))
             bar.update(1)
         finished = True
     print(summary(history, run_dir, time.perf_counter() - t_start))
@@ -269,7 +270,8 @@ def _checkpoint(run_dir: Path, step: int, engine: TrainEngine, tok, trainer: Tra
         }, keep=keep)
 
 
-def _postfix(stats: dict, acc: float | None) -> str:
+def _facts(stats: dict, acc: float | None) -> list[str]:
+    """What the progress bar says of the step, most important first (a narrow terminal drops the last)."""
     parts = [f"reward {stats['rollout/reward_mean']:.2f}"]
     if acc is not None:
         parts.append(f"eval {acc:.2f}")
@@ -279,7 +281,7 @@ def _postfix(stats: dict, acc: float | None) -> str:
         f"wait {stats['perf/rollout_wait_s']:.1f}s train {stats['perf/train_s']:.1f}s "
         f"prox {stats['perf/prox_logp_s']:.2f}s sync {stats['perf/weight_sync_s']:.2f}s",
     ]
-    return " | ".join(parts)
+    return parts
 
 
 def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
