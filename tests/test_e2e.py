@@ -82,6 +82,13 @@ def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
     rows = metrics(run)
     assert [r["step"] for r in rows] == list(range(0, 7))
     assert load_run_state(latest_checkpoint(run))["step"] == 6
+    # the summary is the run's, not the resumed part's: from its own step-0 evaluation to the last
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 6
+    assert (f"held-out accuracy        {evals[0]['eval/accuracy']:.3f} (step 0) -> "
+            f"{evals[-1]['eval/accuracy']:.3f} (step 6)") in res.stdout, res.stdout
+    assert "steps                    6" in res.stdout
+
 
 
 def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):

@@ -40,7 +40,7 @@ from a3po.pipeline.inputs import RunInputs, load_inputs
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
 from a3po.pipeline.progress import ProgressBar
-from a3po.pipeline.sinks import Sinks
+from a3po.pipeline.sinks import METRICS, Sinks, read_metrics
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
 from a3po.rollout.worker import Scoring
@@ -168,7 +168,6 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
     world, by_torchrun = ranks.world_size(cfg)
     if device.type == "cuda" and cfg.cluster.launcher == Launcher.LOCAL and not by_torchrun:
         ranks.check_rank_gpus(cfg.actor.device, world, torch.cuda.device_count())
-    history: list[dict] = []
     finished = False
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
     with contextlib.ExitStack() as cleanup:
@@ -224,12 +223,12 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
             first = _evaluated(evaluate(engine.sampling_model(), tok, data.eval), run_dir, 0)
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
-            history.append({"step": 0, **first})
         pool.wait_ready(cfg.rollout.stall_timeout_s)
         bar = ProgressBar(total=cfg.total_train_steps, initial=start_step, file=sys.stderr)
         cleanup.callback(bar.close)  # first to run: whatever is printed next starts a line of its own
         progress.training = True
-        last_acc = history[-1].get("eval/accuracy") if history else None
+        last_acc = next((r["eval/accuracy"] for r in reversed(read_metrics(sinks.path))  # a resumed run's too
+                         if r.get("eval/accuracy") is not None), None)
         while step < cfg.total_train_steps:
             signals.check()
             stats = trainer.step()
@@ -241,13 +240,13 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()
             sinks.log(step, stats)
-            history.append({"step": step, **stats})
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
                 _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
             bar.show(_facts(stats, last_acc))
             bar.update(1)
         finished = True
-    print(summary(history, run_dir, time.perf_counter() - t_start))
+    # the whole run's records, a resumed run's from before its resume included (its step-0 evaluation first)
+    print(summary(read_metrics(run_dir / METRICS), run_dir, time.perf_counter() - t_start))
     return 0
 
 
@@ -285,10 +284,12 @@ def _facts(stats: dict, acc: float | None) -> list[str]:
 
 
 def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
-    """The table printed at the end of a run."""
+    """The table printed at the end of a run, from its metrics records (metrics.jsonl: steps before a
+    resume included); a value logged as null (not finite) is left out of its mean."""
     steps = [h for h in history if h["step"] > 0 and "rollout/reward_mean" in h]
-    evals = [h for h in history if "eval/accuracy" in h]
-    mean = lambda rows, k: sum(r[k] for r in rows) / max(1, len(rows))
+    evals = [h for h in history if h.get("eval/accuracy") is not None]
+    mean = lambda rows, k: (sum(v for r in rows if (v := r.get(k)) is not None)
+                            / max(1, sum(r.get(k) is not None for r in rows)))
     head, tail = steps[:5], steps[-5:]
     lines = [
         "",
@@ -304,7 +305,8 @@ def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
         lines += [
             f"  task reward (first/last 5 steps)  {mean(head, 'rollout/reward_mean'):.3f} -> "
             f"{mean(tail, 'rollout/reward_mean'):.3f}",
-            f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / {max(s['stale/max'] for s in steps):.0f}",
+            f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / "
+            f"{max((s.get('stale/max') or 0) for s in steps):.0f}",
             f"  rollout idle             {mean(steps, 'rollout/idle_frac'):.0%} of the workers' time",
             f"  time per step            {mean(steps, 'perf/step_s'):.2f} s "
             f"(rollout wait {mean(steps, 'perf/rollout_wait_s'):.2f}, "
