@@ -227,6 +227,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
         bar = ProgressBar(total=cfg.total_train_steps, initial=start_step, file=sys.stderr)
         cleanup.callback(bar.close)  # first to run: whatever is printed next starts a line of its own
         progress.training = True
+        warned_cut = False
         last_acc = next((r["eval/accuracy"] for r in reversed(read_metrics(sinks.path))  # a resumed run's too
                          if r.get("eval/accuracy") is not None), None)
         while step < cfg.total_train_steps:
@@ -239,6 +240,10 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()
+            if not warned_cut and stats["rollout/truncated_frac"] > TRUNCATED_WARN:
+                warned_cut = True  # once a run: the share is in metrics.jsonl for every step
+                tqdm.write(truncation_warning(stats["rollout/truncated_frac"], step, cfg.gconfig.max_new_tokens),
+                           file=sys.stderr)
             sinks.log(step, stats)
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
                 _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
@@ -248,6 +253,15 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
     # the whole run's records, a resumed run's from before its resume included (its step-0 evaluation first)
     print(summary(read_metrics(run_dir / METRICS), run_dir, time.perf_counter() - t_start))
     return 0
+
+
+TRUNCATED_WARN = 0.5  # a share of completions cut at gconfig.max_new_tokens above this is warned of, once
+
+
+def truncation_warning(frac: float, step: int, max_new_tokens: int) -> str:
+    return (f"a3po: warning: {frac:.0%} of step {step}'s completions were cut at gconfig.max_new_tokens="
+            f"{max_new_tokens} before they ended, so their answers are missing and score as wrong; raise "
+            f"gconfig.max_new_tokens (or ask for shorter answers with train_dataset.system_prompt)")
 
 
 HELD_OUT = "held_out.jsonl"  # per evaluation: each held-out example solved or not, for paired comparisons
