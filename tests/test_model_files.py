@@ -1,8 +1,10 @@
-"""The model folders a3po writes (checkpoints, `a3po export`) are as readable as every other file it writes.
+"""The model folders a3po writes (checkpoints, `a3po export`) are as readable as every other file it writes, and
+the commands that load or write a model print their own lines only, no library's progress bar.
 
 safetensors writes its files owner-only (0600) where a file opened for writing gets 0666 less the umask (0644 as a
-rule): a checkpoint's or an export's weights were the one file others could not read. Real tiny engines, real
-files, the real command in a subprocess.
+rule): a checkpoint's or an export's weights were the one file others could not read. transformers draws its own
+progress bars ("Loading weights", "Writing model shards") into a3po export's and a3po serve's output. Real tiny
+engines, real files, the real commands in subprocesses.
 """
 
 import copy
@@ -11,11 +13,13 @@ from pathlib import Path
 
 import pytest
 from conftest import actor_cfg
-from procs import a3po
+from procs import a3po, served
 
 from a3po.config import dump_yaml, load_config
 from a3po.trainer.checkpoint import save_checkpoint
 from a3po.trainer.engine import TrainEngine
+
+BARS = ("Loading weights", "Writing model shards", "it/s]", "%|")  # what transformers' tqdm bars print
 
 
 def modes(folder: Path) -> dict[str, int]:
@@ -70,3 +74,17 @@ def test_export_writes_the_weights_readable_like_the_rest(exported):
     got = modes(out)
     assert "model.safetensors" in got and set(got.values()) == {0o666 & ~umask}, {k: oct(v) for k, v in got.items()}
 
+
+@pytest.mark.slow
+def test_export_prints_its_own_line_and_no_progress_bar(exported):
+    out, res = exported
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("a3po export: step 1 written to ") and len(res.stdout.splitlines()) == 1
+    assert not any(bar in res.stdout + res.stderr for bar in BARS), res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_serve_prints_its_own_line_and_no_progress_bar(exported):
+    out, _ = exported
+    with served("--model", str(out)) as (proc, url):
+        assert proc.startup.startswith("a3po serve: serving") and len(proc.startup.splitlines()) == 1, proc.startup
