@@ -144,8 +144,9 @@ def metrics_steps(run_dir: Path) -> list[int]:
 
 @contextlib.contextmanager
 def served(*args: str, timeout: float = 180):
-    """`a3po serve *args` on a free port of 127.0.0.1: yields (process, base URL) once it says it is serving; the
-    process is stopped (SIGTERM, then killed) when the block ends."""
+    """`a3po serve *args` on a free port of 127.0.0.1: yields (process, base URL) once it says it is serving, the
+    process's output until then (stdout and stderr) in its `startup`; it is stopped (SIGTERM, then killed) when
+    the block ends."""
     import select
 
     proc = subprocess.Popen([*CLI, "serve", "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -158,6 +159,7 @@ def served(*args: str, timeout: float = 180):
             assert left > 0 and proc.poll() is None, f"a3po serve did not start ({proc.poll()}): {''.join(said)}"
             if select.select([proc.stdout], [], [], min(left, 1.0))[0]:
                 said.append(proc.stdout.readline())
+        proc.startup = "".join(said)
         yield proc, said[-1].split(" at ", 1)[1].split()[0]
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -54,6 +54,11 @@ def write_inputs(d: Path) -> None:
     (d / "noweights").mkdir()
     (d / "noweights" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 300}))
     (d / "rw_value.py").write_text("score = 3\n")
+    (d / "rw_good.py").write_text("def score(completion, example):\n    return 1.0\n")
+    (d / "env_hints.py").write_text("class Hints:\n    def __init__(self, example):\n        pass\n\n"
+                                    "    def reset(self):\n        return 'hi'\n\n"
+                                    "    def step(self, action):\n        return ('', 1.0, True)\n")
+    (d / "agent_good.py").write_text("async def run(example, client):\n    return 0.0\n")
     (d / "rw_arity.py").write_text("def score(completion):\n    return 1.0\n")
     (d / "rw_raises.py").write_text("raise RuntimeError('configure me first')\n")
     (d / "env_nostep.py").write_text("class Env:\n    def __init__(self, example):\n        pass\n\n"
@@ -141,6 +146,11 @@ CASES = {
     "data-empty": early([*TINY, *FILE, "train_dataset.path=empty.jsonl"], "holds no rows"),
     "data-too-few-rows": early([*TINY, *FILE, "train_dataset.path=few.jsonl"], "lower evaluator.size"),
     "data-unsupported-type": early([*TINY, *FILE, "train_dataset.path=data.csv"], "unsupported file type .csv"),
+    "path-without-task-file": early([*TINY, "train_dataset.path=good.jsonl"],
+                                    "train_dataset.path='good.jsonl' conflicts: only read with "
+                                    "train_dataset.task=file"),
+    "task-params-with-a-file": early([*TINY, *FILE, "train_dataset.path=good.jsonl", "train_dataset.task_params={}"],
+                                     "train_dataset.task_params={} conflicts"),
     "unknown-task": early([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
     # model folders and hub ids
     "model-missing": Case([*TINY, "actor.path=./no-such-model"], "no such directory"),
@@ -158,14 +168,20 @@ CASES = {
     "reward-wrong-signature": early([*TINY, "train_dataset.reward=rw_arity:score"], "must accept (completion,"),
     "reward-import-raises": early([*TINY, "train_dataset.reward=rw_raises:score"], "configure me first"),
     "reward-unknown-name": early([*TINY, "train_dataset.reward=exactt"], "did you mean 'exact'"),
+    "reward-attribute-misspelt": early([*TINY, "train_dataset.reward=rw_good:scor"],
+                                       "has no attribute 'scor' (did you mean 'rw_good:score'?)"),
+    "reward-module-misspelt": early([*TINY, "train_dataset.reward=rw_god:score"], "did you mean 'rw_good:score'"),
     # environments
     "env-unknown-name": early([*TINY, "train_dataset.env=retri"], "did you mean 'retry'"),
     "env-module-missing": early([*TINY, "train_dataset.env=no_such_env:Env"], "cannot import"),
+    "env-attribute-misspelt": early([*TINY, "train_dataset.env=env_hints:Hint"], "did you mean 'env_hints:Hints'"),
     "env-without-step": early([*TINY, "train_dataset.env=env_nostep:Env"], "not an environment class: it needs step"),
     "env-stop-a-string": early([*TINY, "train_dataset.env=env_badstop:Env"], "stop attribute must be a tuple"),
     "env-template-rewrites-history": Case([*TINY, "actor.path=./rewrites", "train_dataset.env=retry"],
                                           "renders earlier messages differently", model_rewriting_history),
     "env-discount-out-of-range": early([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount"),
+    # agents
+    "agent-attribute-misspelt": early([*TINY, "train_dataset.agent=agent_good:rn"], "did you mean 'agent_good:run'"),
     # resume folders
     "resume-missing": early(["--resume", "runs/gone"], "no such directory"),
     "resume-a-file": early(["--resume", "runs/tiny/keep.txt"], "is a file, not a run directory"),

@@ -123,6 +123,68 @@ def test_inconsistent_combinations_are_refused(overrides, needles):
         assert needle in msg, (needle, msg)
 
 
+JUDGE = ["reward_service.kind=judge", "reward_service.url=http://127.0.0.1:1"]
+SCORER = ["reward_service.kind=scorer", "reward_service.url=http://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("overrides, key, reader", [
+    (["train_dataset.path=sums.jsonl"], "train_dataset.path='sums.jsonl'", "train_dataset.task=file"),
+    (["train_dataset.question_key=problem"], "train_dataset.question_key", "train_dataset.task=file"),
+    (["train_dataset.answer_key=solution"], "train_dataset.answer_key", "train_dataset.task=file"),
+    (["train_dataset.task=file", "train_dataset.path=x.jsonl", "train_dataset.task_params={min_terms: 3}"],
+     "train_dataset.task_params", "a procedural train_dataset.task"),
+    (["train_dataset.max_turns=3"], "train_dataset.max_turns=3", "train_dataset.env or train_dataset.agent"),
+    (["train_dataset.max_context_tokens=512"], "train_dataset.max_context_tokens", "train_dataset.env"),
+    (["train_dataset.turn_discount=0.5"], "train_dataset.turn_discount", "train_dataset.env"),
+    (["train_dataset.env_timeout_s=9"], "train_dataset.env_timeout_s", "train_dataset.env"),
+    (["train_dataset.agent=a:run", "train_dataset.env_timeout_s=9"], "train_dataset.env_timeout_s",
+     "train_dataset.env"),
+    (["train_dataset.agent_timeout_s=9"], "train_dataset.agent_timeout_s", "train_dataset.agent"),
+    (["train_dataset.env=retry", "train_dataset.agent_timeout_s=9"], "train_dataset.agent_timeout_s",
+     "train_dataset.agent"),
+    (["actor.kl_estimator=k1"], "actor.kl_estimator", "actor.kl_ctl"),
+    (["actor.behav_imp_weight_cap=null", "actor.behav_imp_weight_mode=token_truncate"], "actor.behav_imp_weight_mode",
+     "actor.behav_imp_weight_cap"),
+    (["actor.adv_norm.std_level=none", "actor.adv_norm.eps=0.1"], "actor.adv_norm.eps", "actor.adv_norm.std_level"),
+    (["rollout.vllm_gpu_memory=0.3"], "rollout.vllm_gpu_memory", "rollout.backend=vllm"),
+    ([*SCORER, "reward_service.max_tokens=8"], "reward_service.max_tokens", "reward_service.kind=judge"),
+    ([*SCORER, "reward_service.template=hi"], "reward_service.template", "reward_service.kind=judge"),
+    ([*JUDGE, "reward_service.batch_size=2"], "reward_service.batch_size", "reward_service.kind=scorer"),
+    (["logging.wandb_project=mine"], "logging.wandb_project", "logging.wandb=true"),
+    (["cluster.ray_placement=SPREAD"], "cluster.ray_placement", "cluster.launcher=ray"),
+])
+def test_a_key_the_chosen_settings_never_read_is_refused_naming_both(overrides, key, reader):
+    msg = error_of(overrides)
+    assert msg.startswith(key) and f"only read with {reader}" in msg and "drop" in msg, msg
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train_dataset.question_key=question", "train_dataset.answer_key=answer"],  # the defaults: not set
+    ["train_dataset.task=file", "train_dataset.path=x.jsonl", "train_dataset.question_key=problem",
+     "train_dataset.system_prompt=Be brief."],
+    ["train_dataset.env=retry", "train_dataset.max_turns=3", "train_dataset.turn_discount=0.5"],
+    ["train_dataset.agent=a:run", "train_dataset.max_turns=3", "train_dataset.agent_timeout_s=9"],
+    ["actor.kl_ctl=0.1", "actor.kl_estimator=k1"],
+    ["rollout.backend=vllm", "rollout.vllm_gpu_memory=0.3"],
+    [*JUDGE, "reward_service.max_tokens=8"],
+    [*SCORER, "reward_service.batch_size=2"],
+])
+def test_a_key_its_setting_reads_is_accepted_and_round_trips(overrides, tmp_path):
+    cfg = load_config(None, overrides)
+    p = tmp_path / "resolved.yaml"
+    p.write_text(dump_yaml(cfg))
+    assert load_config(p) == cfg
+
+
+def test_the_tiny_preset_loads_with_a_file_of_ones_own(tmp_path):
+    """tiny sets train_dataset.size, which a file task does not read: `--preset tiny` with a file must still load,
+    and its saved configuration load again (--resume)."""
+    cfg = load_config(None, ["train_dataset.task=file", "train_dataset.path=x.jsonl"], preset="tiny")
+    p = tmp_path / "resolved.yaml"
+    p.write_text(dump_yaml(cfg))
+    assert load_config(p) == cfg and cfg.train_dataset.task == "file"
+
+
 def test_coupled_loss_alone_is_fine_even_though_the_default_method_is_decoupled():
     cfg = load_config(None, ["actor.use_decoupled_loss=false"])
     assert cfg.actor.use_decoupled_loss is False

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import CLI, ORPHAN_EXIT_S, TINY, a3po, children_of, gone_within
+from procs import CLI, ORPHAN_EXIT_S, TINY, a3po, assert_one_clean_line, children_of, gone_within
 
 from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
@@ -82,6 +82,22 @@ def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
     rows = metrics(run)
     assert [r["step"] for r in rows] == list(range(0, 7))
     assert load_run_state(latest_checkpoint(run))["step"] == 6
+    # the summary is the run's, not the resumed part's: from its own step-0 evaluation to the last
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 6
+    assert (f"held-out accuracy        {evals[0]['eval/accuracy']:.3f} (step 0) -> "
+            f"{evals[-1]['eval/accuracy']:.3f} (step 6)") in res.stdout, res.stdout
+    assert "steps                    6" in res.stdout
+
+
+def test_a_run_that_cuts_most_completions_warns_once_naming_the_key(tmp_path):
+    # the tiny preset's 8 new tokens cut nearly every completion of a random model, step after step
+    res = a3po("train", *TINY, "total_train_steps=3", "evaluator.freq_steps=0", "saver.freq_steps=0", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cut = [r["rollout/truncated_frac"] for r in train_steps(metrics(tmp_path / "runs" / "tiny"))]
+    assert sum(frac > 0.5 for frac in cut) >= 2, cut  # more than one step could have warned
+    line = assert_one_clean_line(res.stderr, "a3po: warning:")
+    assert "were cut at gconfig.max_new_tokens=8" in line and "raise gconfig.max_new_tokens" in line
 
 
 def test_ctrl_c_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):

@@ -212,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     (a3po/signals.py); a caller passing argv keeps its own handlers."""
     if argv is None:
         signals.install()
+    # transformers' and huggingface_hub's own progress bars ("Loading weights", "Writing model shards", downloads)
+    # clutter what the commands print: off before either is imported, here and in every process started from
+    # here. HF_HUB_DISABLE_PROGRESS_BARS=0 in the environment keeps them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return _main(argv)
     except (Exception, KeyboardInterrupt) as e:  # a stop train() did not report: start-up or a benchmark

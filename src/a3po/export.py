@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from a3po.config import ConfigError
+from a3po.files import plain_modes
 from a3po.heldout import resolve
 
 
@@ -36,5 +37,6 @@ def main(target: str, out: str) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dest, safe_serialization=True)
     tok.save_pretrained(dest)
+    plain_modes(dest)  # the weights as readable as the rest (safetensors writes them 0600)
     print(f"a3po export: {what} written to {dest} (a plain model folder: actor.path={dest} loads it)")
     return 0

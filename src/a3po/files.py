@@ -101,6 +101,29 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync(path.parent)
 
 
+def umask() -> int:
+    """This process's umask: read where the system tells it (Linux), else set and put back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def plain_modes(folder: Path) -> None:
+    """Give every file in `folder` the mode a file created with open() gets (0666 less the umask: 0644 as a
+    rule). safetensors writes its files owner-only (0600), so a model folder saved for others to read,
+    a checkpoint or an export, had its weights alone unreadable to them."""
+    mode = 0o666 & ~umask()
+    for p in Path(folder).iterdir():
+        if p.is_file() and not p.is_symlink() and (p.stat().st_mode & 0o777) != mode:
+            os.chmod(p, mode)
+
+
 def unique_dir(base: Path) -> Path:
     """Create base, or base-2, base-3, ... if taken: a new run never writes into an old one."""
     path, k = base, 1

@@ -55,15 +55,24 @@ def default_of(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def _suggest(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+def closest(word: str, options: Any) -> str | None:
+    """The option closest to a misspelt word, or None when none is close enough to be meant."""
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def suggest(word: str, options: Any, spell: Any = str) -> str:
+    """' (did you mean 'x'?)' for the option closest to a misspelt word, or '' when none is close: the one
+    helper every name a user types goes through (config keys and choices, tasks, rewards, environments,
+    agents). `spell` writes the close option as the user would type it (e.g. inside its module:attribute)."""
+    close = closest(word, options)
+    return f" (did you mean '{spell(close)}'?)" if close is not None else ""
 
 
 def _unknown_key(key: str, prefix: str, cls: type) -> ConfigError:
     leaves = list(all_keys())
     dotted = f"{prefix}{key}"
-    hint = _suggest(dotted, leaves) or _suggest(key, [k.rsplit(".", 1)[-1] for k in leaves])
+    hint = suggest(dotted, leaves) or suggest(key, [k.rsplit(".", 1)[-1] for k in leaves])
     section = prefix.rstrip(".") or "the top level"
     known = ", ".join(_fields(cls))
     return ConfigError(f"unknown key '{dotted}'{hint}; keys in {section}: {known}")
@@ -142,7 +151,7 @@ def _check_rules(key: str, value: Any, meta: dict) -> None:
         return
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        hint = _suggest(str(value), list(choices))
+        hint = suggest(str(value), list(choices))
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of {', '.join(choices)}{hint}")
     pattern = meta.get("pattern")
     if pattern is not None and not re.fullmatch(pattern, str(value)):
@@ -218,8 +227,8 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
             if any(k.startswith(key + ".") for k in leaves):
                 raise ConfigError(f"'{key}' is a section; set one of its keys, "
                                   f"e.g. {next(k for k in leaves if k.startswith(key + '.'))}=...")
-            hint = (_suggest(key, list(leaves))
-                    or _suggest(key.rsplit(".", 1)[-1], [k.rsplit(".", 1)[-1] for k in leaves]))
+            hint = (suggest(key, list(leaves))
+                    or suggest(key.rsplit(".", 1)[-1], [k.rsplit(".", 1)[-1] for k in leaves]))
             raise ConfigError(f"unknown key '{key}'{hint}; `a3po train --help` lists every key")
         _set_dotted(tree, key, _parse_text(text, leaves[key].type, key))
     return tree
@@ -246,7 +255,7 @@ def load_config(
     tree = {}
     if preset is not None:
         if preset not in presets():
-            raise ConfigError(f"unknown preset '{preset}'{_suggest(preset, presets())}; "
+            raise ConfigError(f"unknown preset '{preset}'{suggest(preset, presets())}; "
                               f"available: {', '.join(presets())}")
         tree = read_yaml(PRESETS / f"{preset}.yaml")
     if path is not None:

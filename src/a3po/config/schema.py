@@ -420,8 +420,6 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("rollout.lockstep", True, (
             "false with train_dataset.agent: an agent's requests arrive when its code sends them, which timing "
             "decides")))
-    if d.agent is None and d.agent_timeout_s != DatasetConfig().agent_timeout_s:
-        problems.append(("train_dataset.agent_timeout_s", d.agent_timeout_s, "only used with train_dataset.agent"))
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
@@ -448,4 +446,60 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("actor.adv_norm.std_level", "group", (
             "a group of one sample (gconfig.n_samples=1) has no spread to divide by; "
             "set actor.adv_norm.std_level=batch or none")))
+    return problems + inert_keys(cfg)
+
+
+def inert_keys(cfg: Config) -> list[tuple[str, Any, str]]:
+    """Keys set (changed from their default) that the chosen settings never read, as check_consistency's
+    problems: `train_dataset.path=x.jsonl` without `train_dataset.task=file` would train on the default
+    task and look as if it had read the file. Each names the setting that would read it and the fix.
+
+    Not here: train_dataset.size with task=file (the tiny preset sets it, and `--preset tiny
+    train_dataset.task=file ...` must load and resume), and keys whose reader a launcher decides
+    (cluster.data_parallel and cluster.timeout_s under torchrun's WORLD_SIZE)."""
+    d, r, a, rs, c = cfg.train_dataset, cfg.rollout, cfg.actor, cfg.reward_service, cfg.cluster
+    file = d.task == "file"
+    env, agent = d.env is not None, d.agent is not None
+    # (section, keys, read under these settings, the setting that reads them, what is set instead, the fix)
+    rules = [
+        ("train_dataset", ("path", "question_key", "answer_key"), file, "train_dataset.task=file",
+         f"train_dataset.task is {d.task}", "set train_dataset.task=file"),
+        ("train_dataset", ("task_params",), not file, "a procedural train_dataset.task (chain_sum, ...)",
+         "train_dataset.task is file", "choose a procedural task"),
+        ("train_dataset", ("max_turns", "max_context_tokens"), env or agent,
+         "train_dataset.env or train_dataset.agent", "both are null", "set one of them"),
+        ("train_dataset", ("turn_discount", "env_timeout_s"), env, "train_dataset.env",
+         "train_dataset.env is null", "set an environment"),
+        ("train_dataset", ("agent_timeout_s",), agent, "train_dataset.agent", "train_dataset.agent is null",
+         "set an agent"),
+        ("actor", ("kl_estimator",), a.kl_ctl > 0, "actor.kl_ctl > 0", "actor.kl_ctl is 0", "set actor.kl_ctl"),
+        ("actor", ("behav_imp_weight_mode",), a.behav_imp_weight_cap is not None, "actor.behav_imp_weight_cap",
+         "actor.behav_imp_weight_cap is null", "set a cap"),
+        ("actor.adv_norm", ("eps",), a.adv_norm.std_level != "none", "actor.adv_norm.std_level=group or batch",
+         "actor.adv_norm.std_level is none", "set a std_level"),
+        ("rollout", ("vllm_gpu_memory",), r.backend == Backend.VLLM, "rollout.backend=vllm",
+         f"rollout.backend is {r.backend}", "set rollout.backend=vllm"),
+        # reward_service.kind=none is refused with every other reward_service key above
+        ("reward_service", ("template", "score_regex", "score_max", "max_tokens"), rs.kind != ServiceKind.SCORER,
+         "reward_service.kind=judge", "reward_service.kind is scorer", "set reward_service.kind=judge"),
+        ("reward_service", ("batch_size",), rs.kind != ServiceKind.JUDGE, "reward_service.kind=scorer",
+         "reward_service.kind is judge", "set reward_service.kind=scorer"),
+        ("logging", ("wandb_project",), cfg.logging.wandb, "logging.wandb=true", "logging.wandb is false",
+         "set logging.wandb=true"),
+        ("cluster", ("ray_placement",), c.launcher == Launcher.RAY, "cluster.launcher=ray",
+         f"cluster.launcher is {c.launcher}", "set cluster.launcher=ray"),
+    ]
+    problems = []
+    for path, names, read, reader, now, fix in rules:
+        if read:
+            continue
+        section = cfg
+        for part in path.split("."):
+            section = getattr(section, part)
+        default = type(section)()
+        for name in names:
+            value = getattr(section, name)
+            if value != getattr(default, name):
+                key = f"{path}.{name}"
+                problems.append((key, value, f"only read with {reader}, and {now}: {fix} or drop {key}"))
     return problems

@@ -29,10 +29,12 @@ import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
+from a3po.config.load import suggest
 from a3po.config.schema import DatasetConfig
-from a3po.data.tasks import PROCEDURAL_TASKS, DataError, Example, TaskData, suggest
+from a3po.data.tasks import PROCEDURAL_TASKS, DataError, Example, TaskData
 
 RewardFn = Callable[[str, Example], float]
 
@@ -289,14 +291,41 @@ def import_spec(spec: str, setting: str, what: str) -> tuple[Imported, Any]:
     try:
         obj = ref.resolve()
     except ImportError as e:
-        raise DataError(f"{setting}={spec!r}: cannot import {module_name!r} ({e}); put it on PYTHONPATH "
-                        f"or in the current directory ({os.getcwd()})") from None
+        raise DataError(f"{setting}={spec!r}: cannot import {module_name!r} ({e}){_module_hint(module_name, attr, e)}; "
+                        f"put it on PYTHONPATH or in the current directory ({os.getcwd()})") from None
     except AttributeError:
-        raise DataError(f"{setting}={spec!r}: {module_name!r} has no attribute {attr!r}") from None
+        raise DataError(f"{setting}={spec!r}: {module_name!r} has no attribute {attr!r}"
+                        f"{_attribute_hint(module_name, attr)}") from None
     except Exception as e:
         raise DataError(f"{setting}={spec!r}: importing {module_name!r} raised "
                         f"{type(e).__name__}: {e}") from None
     return ref, obj
+
+
+def _attribute_hint(module_name: str, attr: str) -> str:
+    """A "did you mean" for the first missing part of a dotted attribute, among the public names where it is
+    missing, written as the whole module:attribute to set."""
+    obj, parts = sys.modules.get(module_name), attr.split(".")
+    if obj is None:  # the import itself raised AttributeError
+        return ""
+    found = 0
+    while found < len(parts) and hasattr(obj, parts[found]):
+        obj, found = getattr(obj, parts[found]), found + 1
+    if found == len(parts):
+        return ""
+    before = "".join(f"{p}." for p in parts[:found])
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    return suggest(parts[found], names, lambda name: f"{module_name}:{before}{name}")
+
+
+def _module_hint(module_name: str, attr: str, error: ImportError) -> str:
+    """A "did you mean" for a misspelt top-level module, among the modules and packages in the current directory."""
+    top, rest = module_name.split(".")[0], module_name[len(module_name.split(".")[0]):]
+    if not isinstance(error, ModuleNotFoundError) or error.name != top:
+        return ""
+    here = Path.cwd()
+    found = [p.stem for p in here.glob("*.py")] + [p.parent.name for p in here.glob("*/__init__.py")]
+    return suggest(top, found, lambda name: f"{name}{rest}:{attr}")
 
 
 def _user_reward(spec: str) -> Imported:

@@ -13,7 +13,6 @@ Anything wrong with the data raises `DataError`, one line saying what, where and
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import random
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from a3po.config.load import suggest
 from a3po.config.schema import DatasetConfig
 
 PROCEDURAL_TASKS = ("chain_sum", "basic_arithmetic", "gsm_symbolic", "countdown")
@@ -71,11 +71,6 @@ def build_messages(example: Example, system_prompt: str | None) -> list[dict]:
 def normalise_question(text: str) -> str:
     """The key under which two questions count as the same: case and whitespace do not matter."""
     return " ".join(text.split()).casefold()
-
-
-def suggest(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # ---------------------------------------------------------------- procedural tasks

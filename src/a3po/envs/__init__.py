@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from a3po.config.load import suggest
 from a3po.config.schema import DatasetConfig
 from a3po.data import DataError, TaskData
 from a3po.data.rewards import import_spec
-from a3po.data.tasks import suggest
 from a3po.envs.base import Env, EnvOutputError, Step
 from a3po.envs.calculator import CalculatorEnv
 from a3po.envs.guess import GuessEnv

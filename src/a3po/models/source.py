@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from a3po.files import plain_modes
 from a3po.models.tiny import tiny_policy
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -245,3 +246,4 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     model.tie_weights()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    plain_modes(out)  # the weights as readable as the rest (safetensors writes them 0600)

@@ -39,7 +39,8 @@ from a3po.pipeline.evaluate import Evaluation, Evaluator
 from a3po.pipeline.inputs import RunInputs, load_inputs
 from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
 from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
-from a3po.pipeline.sinks import HELD_OUT, Sinks
+from a3po.pipeline.progress import ProgressBar
+from a3po.pipeline.sinks import HELD_OUT, METRICS, Sinks, read_metrics
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
 from a3po.rollout.worker import Scoring
@@ -167,7 +168,6 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
     world, by_torchrun = ranks.world_size(cfg)
     if device.type == "cuda" and cfg.cluster.launcher == Launcher.LOCAL and not by_torchrun:
         ranks.check_rank_gpus(cfg.actor.device, world, torch.cuda.device_count())
-    history: list[dict] = []
     finished = False
     # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
     with contextlib.ExitStack() as cleanup:
@@ -223,12 +223,13 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
             first = _evaluated(evaluate(engine.sampling_model(), tok, data.eval), run_dir, 0)
             first["perf/eval_s"] = time.perf_counter() - t0
             sinks.log(0, first)
-            history.append({"step": 0, **first})
         pool.wait_ready(cfg.rollout.stall_timeout_s)
-        bar = tqdm(total=cfg.total_train_steps, initial=start_step, desc="a3po train", unit="step", dynamic_ncols=True)
+        bar = ProgressBar(total=cfg.total_train_steps, initial=start_step, file=sys.stderr)
         cleanup.callback(bar.close)  # first to run: whatever is printed next starts a line of its own
         progress.training = True
-        last_acc = history[-1].get("eval/accuracy") if history else None
+        warned_cut = False
+        last_acc = next((r["eval/accuracy"] for r in reversed(read_metrics(sinks.path))  # a resumed run's too
+                         if r.get("eval/accuracy") is not None), None)
         while step < cfg.total_train_steps:
             signals.check()
             stats = trainer.step()
@@ -239,15 +240,28 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
                 stats["perf/eval_s"] = time.perf_counter() - t0
                 last_acc = stats["eval/accuracy"]
             stats["perf/borrowed_frac"] = lender.borrowed_frac()
+            if not warned_cut and stats["rollout/truncated_frac"] > TRUNCATED_WARN:
+                warned_cut = True  # once a run: the share is in metrics.jsonl for every step
+                tqdm.write(truncation_warning(stats["rollout/truncated_frac"], step, cfg.gconfig.max_new_tokens),
+                           file=sys.stderr)
             sinks.log(step, stats)
-            history.append({"step": step, **stats})
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
                 _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
-            bar.set_postfix_str(_postfix(stats, last_acc), refresh=False)
+            bar.show(_facts(stats, last_acc))
             bar.update(1)
         finished = True
-    print(summary(history, run_dir, time.perf_counter() - t_start))
+    # the whole run's records, a resumed run's from before its resume included (its step-0 evaluation first)
+    print(summary(read_metrics(run_dir / METRICS), run_dir, time.perf_counter() - t_start))
     return 0
+
+
+TRUNCATED_WARN = 0.5  # a share of completions cut at gconfig.max_new_tokens above this is warned of, once
+
+
+def truncation_warning(frac: float, step: int, max_new_tokens: int) -> str:
+    return (f"a3po: warning: {frac:.0%} of step {step}'s completions were cut at gconfig.max_new_tokens="
+            f"{max_new_tokens} before they ended, so their answers are missing and score as wrong; raise "
+            f"gconfig.max_new_tokens (or ask for shorter answers with train_dataset.system_prompt)")
 
 
 def _evaluated(ev: Evaluation, run_dir: Path, step: int) -> dict[str, float]:
@@ -266,7 +280,8 @@ def _checkpoint(run_dir: Path, step: int, engine: TrainEngine, tok, trainer: Tra
         }, keep=keep)
 
 
-def _postfix(stats: dict, acc: float | None) -> str:
+def _facts(stats: dict, acc: float | None) -> list[str]:
+    """What the progress bar says of the step, most important first (a narrow terminal drops the last)."""
     parts = [f"reward {stats['rollout/reward_mean']:.2f}"]
     if acc is not None:
         parts.append(f"eval {acc:.2f}")
@@ -276,14 +291,16 @@ def _postfix(stats: dict, acc: float | None) -> str:
         f"wait {stats['perf/rollout_wait_s']:.1f}s train {stats['perf/train_s']:.1f}s "
         f"prox {stats['perf/prox_logp_s']:.2f}s sync {stats['perf/weight_sync_s']:.2f}s",
     ]
-    return " | ".join(parts)
+    return parts
 
 
 def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
-    """The table printed at the end of a run."""
+    """The table printed at the end of a run, from its metrics records (metrics.jsonl: steps before a
+    resume included); a value logged as null (not finite) is left out of its mean."""
     steps = [h for h in history if h["step"] > 0 and "rollout/reward_mean" in h]
-    evals = [h for h in history if "eval/accuracy" in h]
-    mean = lambda rows, k: sum(r[k] for r in rows) / max(1, len(rows))
+    evals = [h for h in history if h.get("eval/accuracy") is not None]
+    mean = lambda rows, k: (sum(v for r in rows if (v := r.get(k)) is not None)
+                            / max(1, sum(r.get(k) is not None for r in rows)))
     head, tail = steps[:5], steps[-5:]
     lines = [
         "",
@@ -299,7 +316,8 @@ def summary(history: list[dict], run_dir: Path, wall_s: float) -> str:
         lines += [
             f"  task reward (first/last 5 steps)  {mean(head, 'rollout/reward_mean'):.3f} -> "
             f"{mean(tail, 'rollout/reward_mean'):.3f}",
-            f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / {max(s['stale/max'] for s in steps):.0f}",
+            f"  staleness mean / max     {mean(steps, 'stale/mean'):.2f} / "
+            f"{max((s.get('stale/max') or 0) for s in steps):.0f}",
             f"  rollout idle             {mean(steps, 'rollout/idle_frac'):.0%} of the workers' time",
             f"  time per step            {mean(steps, 'perf/step_s'):.2f} s "
             f"(rollout wait {mean(steps, 'perf/rollout_wait_s'):.2f}, "

@@ -15,6 +15,7 @@ from pathlib import Path
 from a3po.config import ConfigError
 from a3po.files import atomic_write_text, writing
 
+METRICS = "metrics.jsonl"  # in the run folder: one JSON line per step
 HELD_OUT = "held_out.jsonl"  # per evaluation: each held-out example solved or not, for paired comparisons
 BACKENDS = {"tensorboard": "pip install tensorboard", "wandb": "pip install wandb (then wandb login)"}
 
@@ -34,7 +35,7 @@ class Sinks:
     def __init__(self, run_dir: Path, tensorboard: bool = True, wandb: bool = False, wandb_project: str = "a3po",
                  config: dict | None = None, resume_step: int | None = None):
         check_backends(tensorboard=tensorboard, wandb=wandb)
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS
         if resume_step is not None:
             truncate_after(self.path, resume_step)
         self._file = self.path.open("a")
@@ -71,16 +72,25 @@ class Sinks:
             self._wandb.finish()
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl, in order; a line cut short by a crash is left out."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
 def truncate_after(path: Path, step: int) -> None:
     """Keep only the records of steps <= step: a resumed run rewrites what came after its checkpoint."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by a crash
+    kept = [json.dumps(r) for r in read_metrics(path) if r["step"] <= step]
     atomic_write_text(path, "".join(line + "\n" for line in kept))  # a crash now must not lose the rest
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from a3po.config import Config, load_config
-from a3po.files import atomic_write_text, fsync, fsync_tree, writing
+from a3po.files import atomic_write_text, fsync, fsync_tree, plain_modes, writing
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not for resume_config
     from torch import Tensor
@@ -203,6 +203,7 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
         engine.full_model.save_pretrained(d, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
+    plain_modes(d)  # the weights as readable as the rest (safetensors writes them 0600)
     with open(d / STATE_FILE, "wb") as f:  # a Python file: a write error reaches us as OSError (files.no_space)
         torch.save({
             "version": engine.version,
