@@ -37,7 +37,7 @@ def test_the_worked_example_is_the_example_file_and_trains_with_its_command(tmp_
     (["train_dataset.agent=json:JSONDecoder"], "not a function"),
     (["train_dataset.agent=json:loads", "train_dataset.env=retry"], "an environment or by an agent, not both"),
     (["train_dataset.agent=json:loads", "rollout.lockstep=true"], "timing decides"),
-    (["train_dataset.agent_timeout_s=5"], "only used with train_dataset.agent"),
+    (["train_dataset.agent_timeout_s=5"], "only read with train_dataset.agent"),
 ])
 def test_bad_agent_settings_are_one_line_before_anything_starts(overrides, says, tmp_path):
     res = a3po("train", *TINY, *overrides, cwd=tmp_path, timeout=120)
