@@ -55,15 +55,8 @@ def launch(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files that hold slow tests run first, each file's tests in their own order: spread over several
-    processes (pytest-xdist, a file to a process), the long files start at once and the short ones fill
-    the end, instead of one long file running alone at the end.
-
-    vLLM tests run where vLLM is installed (.venv-vllm); there, A3PO_REQUIRE_VLLM=1 turns a
+    """vLLM tests run where vLLM is installed (.venv-vllm); there, A3PO_REQUIRE_VLLM=1 turns a
     missing vLLM into failures instead of skips, so CI cannot pass by skipping them."""
-    slow_files = {item.path for item in items if "slow" in item.keywords}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (item.path not in slow_files, order[id(item)]))
     if importlib.util.find_spec("vllm") is not None or os.environ.get("A3PO_REQUIRE_VLLM") == "1":
         return
     skip = pytest.mark.skip(reason="vLLM is not installed here; make test runs these in .venv-vllm")
