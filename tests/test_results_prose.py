@@ -9,7 +9,8 @@ the evidence study (its summary, its defaults, parts 1-9), the reward service, t
 study and LoRA.
 
 - Every interval "m [lo, hi]", spread "m (min..max)", per-seed list "a, b, c" and range "a-b" in
-  those sections is one the records give, at the precision the prose wrote it.
+  those sections is one the records give, at the precision the prose wrote it. Shares in % are
+  checked only where a claim below names them.
 - Every other number with three decimals there is one of the values the section's records give.
   That is weaker (a wrong number can equal another right one), so the claims that a reader acts on
   are also checked one by one, by what they say.
@@ -42,7 +43,7 @@ INTERVAL = re.compile(rf"({NUM}) \[({NUM}), ({NUM})\]")
 BOUNDS = re.compile(rf"\[({NUM}), ({NUM})\]")
 SPREAD = re.compile(rf"({NUM}) \(({NUM})\.\.({NUM})\)")
 LIST = re.compile(rf"(?<![\w.]){NUM}(?:, {NUM})+(?![\w.])")
-RANGE = re.compile(r"(?<![\w.-])(\d+\.\d{2,})-(\d+\.\d{2,})(?![\w.])")
+RANGE = re.compile(r"(?<![\w.-])(\d+\.\d{2,})-(\d+\.\d{2,})(?![\w.]| ?%)")  # a share in % is no accuracy
 
 STUDY = ("evidence-eta8-lockstep", "evidence-eta2-lockstep", "evidence-free", "evidence-retry-eta8-lockstep",
          "evidence-retry-eta2-lockstep")
@@ -50,7 +51,8 @@ SERVICE = ("service-default", "service-eta4", "service-delay0")
 LORA = ("lora-default", "lora-lr6e-4", "lora-lr2e-3")
 E2E = ("lockstep-cost", "lockstep-cost-no-borrowing", *SERVICE, *LORA)
 
-# each checked section of docs/results.md (by the start of its heading) and the record folders its numbers come from
+# each checked section of docs/results.md (by the start of its heading; of another page: "PAGE#start") and the record
+# folders its numbers come from
 SECTIONS = {
     "A-3PO against recomputing": (*STUDY, "yardstick-base", "yardstick-retry-base", "default-before-after"),
     "Defaults, from this evidence": STUDY,
@@ -68,6 +70,7 @@ SECTIONS = {
     "A slow reward service": SERVICE,
     "The first staleness study": ("evidence-eta8-lockstep",),
     "LoRA": (*LORA, "lora-step", "lora-memory"),
+    "docs/training.md#Which proximal method when": STUDY,
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 QUOTES = {"Part 6:": ("The default run and the staleness study", "The clean clone after multi-turn episodes")}
@@ -85,11 +88,11 @@ def normal(text: str) -> str:
 
 
 @cache
-def sections() -> dict[str, str]:
-    """docs/results.md by heading: each heading's own text up to the next heading, code blocks left out."""
+def sections(page: str = "docs/results.md") -> dict[str, str]:
+    """A page by heading: each heading's own text up to the next heading, code blocks left out."""
     out: dict[str, list[str]] = {}
     name, in_code = "", False
-    for line in (DOCS / "results.md").read_text().splitlines():
+    for line in (ROOT / page).read_text().splitlines():
         if line.startswith("```"):
             in_code = not in_code
         elif not in_code and line.startswith("#"):
@@ -101,8 +104,10 @@ def sections() -> dict[str, str]:
 
 
 def section(start: str) -> str:
-    found = [text for name, text in sections().items() if name.startswith(start)]
-    assert len(found) == 1, f"docs/results.md should have one section whose heading starts {start!r}"
+    """The section of docs/results.md whose heading starts with `start`, or of another page: "PAGE#start"."""
+    page, _, start = start.rpartition("#")
+    found = [text for name, text in sections(page or "docs/results.md").items() if name.startswith(start)]
+    assert len(found) == 1, f"{page or 'docs/results.md'} should have one section whose heading starts {start!r}"
     return found[0]
 
 
@@ -191,8 +196,9 @@ class Catalogue:
 
     def interval(self, p: dict) -> None:
         if p and p["n"] > 1:
-            self.intervals.append((p["mean"], *p["interval"]))
-            self.values += [p["mean"], *p["interval"]]
+            lo, hi = p["interval"]
+            self.intervals.append((p["mean"], lo, hi))
+            self.values += [p["mean"], lo, hi, (hi - lo) / 2]  # and its half-width, the resolution
             self.list(p["values"])
 
     def spread(self, s: dict) -> None:
@@ -392,7 +398,7 @@ def test_the_claim_says_what_was_shown_at_its_resolution():
     found = re.search(rf"half-widths of ±({NUM}) to ±({NUM}) \(median ±({NUM})\)", normal(claim))
     assert found, "the claim paragraph should give the A-3PO - recompute intervals' half-widths"
     assert agree([halves[0], halves[-1], statistics.median(halves)], found.groups())
-    assert "not equivalence" in claim
+    assert "not equivalence" in normal(claim)
     collapsed = [c for c in four_minibatch_cells() if max(c["recompute"], c["loglinear"]) < c["base"]]
     assert all(c["coupled"] > c["base"] for c in collapsed)
     found = re.search(r"ended below the base model on average in (\w+) of the (\w+) cells", normal(claim))
@@ -486,17 +492,36 @@ def identical_seeds(folder: str) -> set[int]:
 
 
 def test_the_service_arm_trained_the_same_tokens_only_where_the_records_say_so():
-    """A sentence that says the two arms trained the same tokens names its seeds (η = 2 unless it says η = 4), and on
-    each the reward curves and the held-out results are identical."""
+    """A sentence that says the two arms trained the same tokens names its seeds and at most one η (2 unless it says
+    4), and on each of those seeds the reward curves and the held-out results are identical."""
     said = [s for s in sentences(section("A slow reward service")) if "same tokens" in s]
     assert said, "the service section should say on which runs the two arms trained the same tokens"
     for s in said:
-        seeds = {int(x) for x in re.findall(r"(?<=seed )(\d)|(?<=seeds )(\d)(?=\D)", s) for x in x if x}
-        seeds |= {int(x) for x in re.findall(r"seeds \d(?:, \d)*,? and (\d)", s)}
+        seeds = {int(d) for d in re.findall(r"\bseeds? (\d)", s)}
+        seeds |= {int(d) for d in re.findall(r"\bseeds \d(?:, \d)*,? and (\d)", s)}
         if "both seeds" in s or not seeds:
             seeds = {1, 2}
-        folder = "service-eta4" if "η = 4" in s else "service-default"
+        etas = set(re.findall(r"η = (\d)", s))
+        assert etas <= {"2"} or etas == {"4"}, f"{s!r}: say one η (2 or 4) per sentence"
+        folder = "service-eta4" if etas == {"4"} else "service-default"
         assert seeds <= identical_seeds(folder), f"{s!r}: the records show identical runs on {identical_seeds(folder)}"
+
+
+def test_where_the_service_runs_part_as_recorded():
+    """Where the two arms did not train the same tokens, the section says from which step and on how many held-out
+    problems they differ."""
+    runs = {(r["arm"], r["seed"]): r for r in load("service-default")["runs"]}
+    text = normal(section("A slow reward service"))
+    found = re.search(r"On seed (\d) at η = 2 the reward curves part at step (\d+) .*? and (\d+) of the (\d+) "
+                      r"held-out problems differ, with the same number solved", text)
+    assert found, "the service section should say where the runs of the seed that differs part"
+    seed = int(found.group(1))
+    assert seed not in identical_seeds("service-default")
+    a, b = runs[("loglinear", seed)], runs[("service", seed)]
+    step = next(s for s, x, y in zip(a["curves"]["step"], a["curves"]["reward"], b["curves"]["reward"]) if x != y)
+    differ = sum(x != y for x, y in zip(a["held_out_final"], b["held_out_final"]))
+    assert (int(found.group(2)), int(found.group(3)), int(found.group(4))) == (step, differ, len(a["held_out_final"]))
+    assert sum(a["held_out_final"]) == sum(b["held_out_final"])
 
 
 def test_the_service_arms_wall_times_and_their_ratio_as_recorded():
