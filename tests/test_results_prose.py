@@ -1,0 +1,582 @@
+"""docs/results.md's hand-written sentences say what the committed records say.
+
+tests/test_committed_results.py rewrites every generated page under docs/results/ from its records;
+the prose of docs/results.md around those pages is typed by hand, and a typed number drifts from its
+record without anything failing. Here the records are read the way the pages read them
+(bench/report.py, bench/paired.py, the folders' results.json, which that test keeps equal to what
+the code derives from the runs), and the sections that make quality claims are checked against them:
+the evidence study (its summary, its defaults, parts 1-9), the reward service, the withdrawn first
+study and LoRA.
+
+- Every interval "m [lo, hi]", spread "m (min..max)", per-seed list "a, b, c" and range "a-b" in
+  those sections is one the records give, at the precision the prose wrote it. Shares in % are
+  checked only where a claim below names them.
+- Every other number with three decimals there is one of the values the section's records give.
+  That is weaker (a wrong number can equal another right one), so the claims that a reader acts on
+  are also checked one by one, by what they say.
+- A table said to be copied from a generated page is a copy of its rows.
+- Every "no measurable difference" here, in README.md and in docs/training.md states its resolution
+  in the same sentence (an interval, or a ± half-width): no difference measured at ±0.2 is not an
+  equivalence.
+
+The sections about speed and set-up (one measurement on a named machine, no record folder) are not
+checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from a3po.bench import paired, report
+
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs"
+RESULTS = DOCS / "results"
+NUM = r"[+-]?\d+\.\d+"
+INTERVAL = re.compile(rf"({NUM}) \[({NUM}), ({NUM})\]")
+BOUNDS = re.compile(rf"\[({NUM}), ({NUM})\]")
+SPREAD = re.compile(rf"({NUM}) \(({NUM})\.\.({NUM})\)")
+LIST = re.compile(rf"(?<![\w.]){NUM}(?:, {NUM})+(?![\w.])")
+RANGE = re.compile(r"(?<![\w.-])(\d+\.\d{2,})-(\d+\.\d{2,})(?![\w.]| ?%)")  # a share in % is no accuracy
+
+STUDY = ("evidence-eta8-lockstep", "evidence-eta2-lockstep", "evidence-free", "evidence-retry-eta8-lockstep",
+         "evidence-retry-eta2-lockstep")
+SERVICE = ("service-default", "service-eta4", "service-delay0")
+LORA = ("lora-default", "lora-lr6e-4", "lora-lr2e-3")
+E2E = ("lockstep-cost", "lockstep-cost-no-borrowing", *SERVICE, *LORA)
+
+# each checked section of docs/results.md (by the start of its heading; of another page: "PAGE#start") and the record
+# folders its numbers come from
+SECTIONS = {
+    "A-3PO against recomputing": (*STUDY, "yardstick-base", "yardstick-retry-base", "default-before-after"),
+    "Defaults, from this evidence": STUDY,
+    "Part 1:": ("evidence-eta8-lockstep", "yardstick-base", "yardstick-pilot"),
+    "Part 2:": ("evidence-eta2-lockstep", "yardstick-base"),
+    "Part 3:": ("evidence-eta8-lockstep", "yardstick-base"),
+    "Part 4:": ("evidence-eta2-lockstep", "yardstick-base"),
+    "Part 5:": ("evidence-free",),
+    "Part 6:": ("default-before-after", "evidence-free"),
+    "Part 7:": ("evidence-eta8-lockstep",),
+    "Part 8:": ("lockstep-cost", "lockstep-cost-no-borrowing", "evidence-eta2-lockstep", "evidence-free"),
+    "Part 9:": ("evidence-retry-eta8-lockstep", "evidence-retry-eta2-lockstep", "yardstick-retry-base",
+                "yardstick-retry-pilot", "evidence-retry-eta2-lockstep/sampled", "evidence-eta2-lockstep",
+                "evidence-eta8-lockstep"),
+    "A slow reward service": SERVICE,
+    "The first staleness study": ("evidence-eta8-lockstep",),
+    "LoRA": (*LORA, "lora-step", "lora-memory"),
+    "docs/training.md#Which proximal method when": STUDY,
+}
+# sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
+QUOTES = {"Part 6:": ("The default run and the staleness study", "The clean clone after multi-turn episodes")}
+# sections whose every number with this many decimals or more is looked up (3 elsewhere: at 2, a wrong number too
+# often equals some right one)
+DECIMALS = {"A slow reward service": 2}
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def normal(text: str) -> str:
+    """The prose with one kind of minus and single spaces, so a number broken over two lines still reads as one."""
+    return re.sub(r"\s+", " ", text.replace("−", "-"))
+
+
+@cache
+def sections(page: str = "docs/results.md") -> dict[str, str]:
+    """A page by heading: each heading's own text up to the next heading, code blocks left out."""
+    out: dict[str, list[str]] = {}
+    name, in_code = "", False
+    for line in (ROOT / page).read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            name = line.lstrip("#").strip()
+            out[name] = []
+        elif not in_code:
+            out.setdefault(name, []).append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def section(start: str) -> str:
+    """The section of docs/results.md whose heading starts with `start`, or of another page: "PAGE#start"."""
+    page, _, start = start.rpartition("#")
+    found = [text for name, text in sections(page or "docs/results.md").items() if name.startswith(start)]
+    assert len(found) == 1, f"{page or 'docs/results.md'} should have one section whose heading starts {start!r}"
+    return found[0]
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of normalised prose, and each table row as one: a claim and its qualifiers share one."""
+    out = []
+    for block in re.split(r"\n\s*\n|\n(?=\|)|(?<=\|)\n", text):
+        out += [s for s in re.split(r"(?<=[^\d\s.]\.)\s+(?=\S)|(?<=\d\.)\s+(?=[A-Z*])", normal(block)) if s.strip()]
+    return out
+
+
+def shown(x: float, like: str) -> str:
+    """x written the way `like` is: its number of decimals, and a sign only where `like` has one."""
+    places = len(like.split(".")[1])
+    text = f"{x:+.{places}f}" if like[0] in "+-" else f"{x:.{places}f}"
+    if float(text) == 0:  # -0.000 reads as +0.000
+        text = text.replace("-", "+") if like[0] in "+-" else text.lstrip("-")
+    return text
+
+
+def agree(xs, tokens) -> bool:
+    return len(xs) == len(tokens) and all(shown(x, t) == t for x, t in zip(xs, tokens))
+
+
+# ----------------------------------------------------------------------------- the records
+
+
+@cache
+def load(folder: str) -> dict:
+    """A folder's results.json (read only: every caller copies what it changes)."""
+    return json.loads((RESULTS / folder / "results.json").read_text())
+
+
+@cache
+def evals(folder: str) -> dict[int, dict]:
+    """`a3po eval` records of a folder, by seed."""
+    return paired.by_seed([paired.read_record(p) for p in sorted((RESULTS / folder).glob("*.json"))], folder)
+
+
+def later_turns(run_or_record: dict) -> float | None:
+    """What the turns after the first added to a multi-turn accuracy (None where the first turn was not logged)."""
+    if "metrics" in run_or_record:
+        first = run_or_record["metrics"].get("eval/first_turn_accuracy")
+        return None if first is None else run_or_record["accuracy"] - first
+    first = run_or_record.get("first_turn_final")
+    return None if first is None or first != first else run_or_record["eval_final"] - first
+
+
+def base_of(folder: str) -> dict[int, dict]:
+    """The base model's `a3po eval` records on the held-out problems of a study folder's seeds."""
+    retry = next(iter(load(folder)["configs"].values()))["train_dataset"].get("env") == "retry"
+    return evals("yardstick-retry-base" if retry else "yardstick-base")
+
+
+def cells(folder: str) -> dict[tuple[str, int, int], list[dict]]:
+    """A study folder's finished runs by (arm, eta, minibatches), seeds in order."""
+    out: dict[tuple[str, int, int], list[dict]] = {}
+    for r in sorted(load(folder)["runs"], key=lambda r: r["seed"]):
+        if r.get("ok"):
+            out.setdefault((r["arm"], r["eta"], r["minibatches"]), []).append(r)
+    return out
+
+
+def gain(run: dict, base: dict) -> float:
+    """A run's final held-out result minus the base model's on the same problems, mean over problems."""
+    return statistics.fmean(a - b for a, b in zip(run["held_out_final"], base["solved"]))
+
+
+def across(first: tuple[str, str], second: tuple[str, str]) -> dict:
+    """(folder, arm) minus (folder, arm) of two e2e folders, paired by seed as report.paired_differences pairs."""
+    runs = [dict(r, arm=name) for name, (folder, arm) in (("a", first), ("b", second))
+            for r in load(folder)["runs"] if r["arm"] == arm]
+    return report.paired_differences(runs, "a", "b")
+
+
+class Catalogue:
+    """What a set of records gives: intervals (mean, lo, hi), spreads (mean, min, max), per-seed lists, ranges
+    (min, max) and single values, to look prose up in."""
+
+    def __init__(self):
+        self.intervals: list[tuple] = []
+        self.spreads: list[tuple] = []
+        self.lists: list[tuple] = []
+        self.ranges: list[tuple] = []
+        self.values: list[float] = []
+
+    def interval(self, p: dict) -> None:
+        if p and p["n"] > 1:
+            lo, hi = p["interval"]
+            self.intervals.append((p["mean"], lo, hi))
+            self.values += [p["mean"], lo, hi, (hi - lo) / 2]  # and its half-width, the resolution
+            self.list(p["values"])
+
+    def spread(self, s: dict) -> None:
+        if s and s.get("n"):
+            self.spreads.append((s["mean"], s["min"], s["max"]))
+            self.ranges.append((s["min"], s["max"]))
+            self.values += [s["mean"], s["min"], s["max"]]
+
+    def list(self, xs: list[float]) -> None:
+        xs = [x for x in xs if x is not None and x == x]
+        if xs:
+            self.lists.append(tuple(xs))
+            self.ranges += [(min(xs), max(xs)), (min(xs[:3]), max(xs[:3]))]  # all seeds, and the first three
+            self.values += xs
+            self.spread(report.mean_spread(xs))
+
+
+def _study(c: Catalogue, folder: str) -> None:
+    record, base = load(folder), base_of(folder)
+    for row in record["table"]:
+        for v in row.values():
+            if isinstance(v, dict) and "mean" in v:
+                c.spread(v)
+    for p in record["paired"]:
+        c.interval(p)
+        if p["n"] > 3:  # what the cell read after its first three seeds
+            c.interval(report.t_interval(p["values"][:3]))
+    by_seed: dict[tuple[int, int, int], list[float]] = {}  # the arms of one eta and minibatch count, seed by seed
+    for (_, eta, mb), rs in cells(folder).items():
+        for r in rs:
+            by_seed.setdefault((eta, mb, r["seed"]), []).append(r["eval_final"])
+    for xs in by_seed.values():
+        c.list(xs)
+    for rs in cells(folder).values():
+        for key in ("eval_final", "reward_final", "first_turn_final"):
+            c.list([r.get(key) for r in rs])
+        c.list([later_turns(r) for r in rs])
+        gains = [gain(r, base[r["seed"]]) for r in rs if r["seed"] in base]
+        if gains:
+            c.list(gains)
+            c.interval(report.t_interval(gains))
+    for t in record["approx"]:
+        for row in t["rows"]:
+            c.values += [v for k, v in row.items() if k.endswith("/abs")]
+
+
+def _e2e(c: Catalogue, folder: str) -> None:
+    record = load(folder)
+    for row in record["table"]:
+        for key, _, _ in report.COLUMNS:
+            c.spread(row[key])
+    for g in report.held_out_gains(record["runs"]).values():
+        c.interval(g)
+    arms = [row["arm"] for row in record["table"]]
+    for a in arms:
+        rs = sorted((r for r in record["runs"] if r.get("ok") and r["arm"] == a), key=lambda r: r["seed"])
+        for key, _, _ in report.COLUMNS:
+            c.list([r.get(key) for r in rs])
+        for b in arms:
+            if a != b:
+                c.interval(report.paired_differences(record["runs"], a, b))
+
+
+def _evals(c: Catalogue, folder: str) -> None:
+    records = [paired.read_record(p) for p in sorted((RESULTS / folder).glob("*.json"))]
+    c.list([r["accuracy"] for r in records])
+    c.list([later_turns(r) for r in records])
+    for r in records:
+        lo, hi = report.accuracy_interval(r["solved"])
+        c.intervals.append((r["accuracy"], lo, hi))
+        c.values += [r["accuracy"], lo, hi]
+
+
+def _pilot(c: Catalogue, folder: str) -> None:
+    rows = [json.loads(line) for line in (RESULTS / folder / "metrics.jsonl").read_text().splitlines() if line]
+    c.list([r["eval/accuracy"] for r in rows if "eval/accuracy" in r])
+
+
+def _before_after(c: Catalogue, folder: str) -> None:
+    before, after = ([paired.read_record(p) for p in sorted((RESULTS / folder / side).glob("*.json"))]
+                     for side in ("before", "after"))
+    result = paired.compare(before, after)
+    c.interval(result)
+    for key in ("a", "b", "difference"):
+        c.list([r[key] for r in result["rows"]])
+    steps = [[row["perf/step_s"] for row in map(json.loads, path.read_text().splitlines()) if "perf/step_s" in row]
+             for path in sorted((RESULTS / folder / "before-runs").glob("seed*/metrics.jsonl"))]
+    c.list([statistics.fmean(xs) for xs in steps])
+
+
+def _lora(c: Catalogue) -> None:
+    """The comparisons across the LoRA folders the prose makes (one learning rate against another)."""
+    for first in (("lora-lr6e-4", "lora"), ("lora-lr2e-3", "lora")):
+        for second in (("lora-default", "lora"), ("lora-default", "loglinear"), ("lora-lr6e-4", "lora")):
+            if first != second:
+                c.interval(across(first, second))
+
+
+def _step(c: Catalogue, folder: str) -> None:
+    """`a3po bench step` records: their numbers are the committed table's (step.md, written with step.json)."""
+    c.values += [float(x) for x in re.findall(r"\d+\.\d+", (RESULTS / folder / "step.md").read_text())]
+
+
+@cache
+def catalogue(folders: tuple[str, ...]) -> Catalogue:
+    c = Catalogue()
+    for folder in folders:
+        if folder in STUDY:
+            _study(c, folder)
+        elif folder in E2E:
+            _e2e(c, folder)
+        elif folder in ("yardstick-base", "yardstick-retry-base", "evidence-retry-eta2-lockstep/sampled"):
+            _evals(c, folder)
+        elif folder in ("yardstick-pilot", "yardstick-retry-pilot"):
+            _pilot(c, folder)
+        elif folder == "default-before-after":
+            _before_after(c, folder)
+        elif folder in ("lora-step", "lora-memory"):
+            _step(c, folder)
+        else:
+            raise AssertionError(f"no reader for {folder}")
+    if any(f in LORA for f in folders):
+        _lora(c)
+    return c
+
+
+# ----------------------------------------------------------------------------- every number of a section
+
+
+def unaccounted(start: str) -> list[str]:
+    """The numbers of a section that no record of its folders gives, each with the words around it."""
+    c = catalogue(SECTIONS[start])
+    text, missing = normal(section(start)), []
+
+    def check(pattern: re.Pattern, known: list[tuple], what: str, text: str, part=False) -> str:
+        def replace(m: re.Match) -> str:
+            tokens = list(m.groups()) or re.findall(NUM, m.group(0))
+            if not any(agree(k[i:i + len(tokens)], tokens) for k in known
+                       for i in (range(len(k) - len(tokens) + 1) if part else [0])):
+                missing.append(f"{what} {m.group(0)!r} in ...{text[max(0, m.start() - 60):m.end() + 20]}...")
+            return " # "
+        return pattern.sub(replace, text)
+
+    text = check(INTERVAL, c.intervals, "interval", text)
+    text = check(BOUNDS, [k[1:] for k in c.intervals], "interval", text)
+    text = check(SPREAD, c.spreads, "spread", text)
+    text = check(LIST, c.lists, "list", text, part=True)
+    text = check(RANGE, c.ranges, "range", text)
+    quoted = [float(x) for name in QUOTES.get(start, ()) for x in re.findall(r"\d+\.\d+", section(name))]
+    for m in re.finditer(rf"(?<![\w.]){NUM}(?![\w.])", text):
+        token = m.group(0)
+        if len(token.split(".")[1]) >= DECIMALS.get(start, 3) and not any(shown(v, token) == token
+                                                                         for v in [*c.values, *quoted]):
+            missing.append(f"number {token!r} in ...{text[max(0, m.start() - 60):m.end() + 20]}...")
+    return missing
+
+
+@pytest.mark.parametrize("start", SECTIONS)
+def test_every_number_of_the_section_is_one_its_records_give(start):
+    assert unaccounted(start) == []
+
+
+# ----------------------------------------------------------------------------- claims, one by one
+
+
+def number_word(word: str) -> int:
+    return {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}.get(word) or int(word)
+
+
+def a3po_half_widths() -> list[float]:
+    """The half-widths of every A-3PO - recompute interval of the study: its resolution."""
+    return sorted((p["interval"][1] - p["interval"][0]) / 2 for folder in STUDY for p in load(folder)["paired"]
+                  if (p["arm"], p["reference"]) == ("loglinear", "recompute"))
+
+
+def four_minibatch_cells() -> list[dict]:
+    """Each four-minibatch cell of the study's lockstep grid: the arms' mean final accuracy and the base model's mean
+    on the same seeds' problems."""
+    out = []
+    for folder in STUDY:
+        base = base_of(folder)
+        for eta in (2, 8):
+            arms = {arm: rs for (arm, e, mb), rs in cells(folder).items() if (e, mb) == (eta, 4)}
+            if arms:
+                seeds = sorted({r["seed"] for rs in arms.values() for r in rs})
+                out.append({"folder": folder, "eta": eta,
+                            "base": statistics.fmean(base[s]["accuracy"] for s in seeds),
+                            **{arm: statistics.fmean(r["eval_final"] for r in rs) for arm, rs in arms.items()}})
+    return out
+
+
+def test_the_claim_says_what_was_shown_at_its_resolution():
+    """The study's claim paragraph states the resolution of its A-3PO - recompute intervals, and that where the two
+    methods compute different updates (four minibatches) both mostly failed to learn: what it has shown, no more."""
+    claim = next(s for s in section("A-3PO against recomputing").split("\n\n") if "The claim" in s)
+    halves = a3po_half_widths()
+    found = re.search(rf"half-widths of ±({NUM}) to ±({NUM}) \(median ±({NUM})\)", normal(claim))
+    assert found, "the claim paragraph should give the A-3PO - recompute intervals' half-widths"
+    assert agree([halves[0], halves[-1], statistics.median(halves)], found.groups())
+    assert "not equivalence" in normal(claim)
+    collapsed = [c for c in four_minibatch_cells() if max(c["recompute"], c["loglinear"]) < c["base"]]
+    assert all(c["coupled"] > c["base"] for c in collapsed)
+    found = re.search(r"ended below the base model on average in (\w+) of the (\w+) cells", normal(claim))
+    assert found, "the claim paragraph should say where both decoupled methods ended below the base model"
+    assert tuple(map(number_word, found.groups())) == (len(collapsed), len(four_minibatch_cells()))
+
+
+def test_the_readme_states_the_resolution_of_its_claim():
+    halves = a3po_half_widths()
+    sentence = next(s for s in sentences((ROOT / "README.md").read_text()) if "no measurable difference" in s)
+    found = re.search(rf"±({NUM})-({NUM})", sentence)
+    assert found and agree([halves[0], halves[-1]], found.groups()), sentence
+
+
+def resolution_missing(path: Path) -> list[str]:
+    """Sentences of a page that read "no measurable difference" (or "measured no different") without an interval or
+    a ± half-width in the same sentence. The phrase in quotes defines the words rather than reading a result."""
+    return [s for s in sentences(path.read_text())
+            if re.search(r"(?<!\")no measurable difference|measured no different", s)
+            and not re.search(rf"\[{NUM}, {NUM}\]|±\s?\d", s)]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/training.md", "docs/results.md"])
+def test_every_no_measurable_difference_states_its_resolution(page):
+    assert resolution_missing(ROOT / page) == []
+
+
+def test_the_single_turn_base_model_is_quoted_as_recorded():
+    """Parts 2-4 set their arms against the base model's mean accuracy over seeds 1-3 (docs/results/yardstick-base)."""
+    base = evals("yardstick-base")
+    mean = statistics.fmean(r["accuracy"] for r in base.values())
+    for part in ("Part 2:", "Part 3:", "Part 4:"):
+        quoted = re.findall(rf"base(?: model)?(?:'s| scores)? ({NUM})", normal(section(part)))
+        assert quoted, f"{part} should quote the base model's accuracy"
+        assert all(shown(mean, q) == q for q in quoted), (part, quoted, mean)
+
+
+def test_part_2_gains_over_the_base_model_span_what_the_records_give():
+    base = evals("yardstick-base")
+    gains = [gain(r, base[r["seed"]]) for (_, _, mb), rs in cells("evidence-eta2-lockstep").items() if mb == 1
+             for r in rs if r["seed"] in base]
+    found = re.search(rf"({NUM}) to ({NUM}) over the base model", normal(section("Part 2:")))
+    assert found, "part 2 should say how far over the base model the arms ended"
+    assert agree([min(gains), max(gains)], found.groups()), (found.group(0), min(gains), max(gains))
+
+
+@pytest.mark.parametrize("part,folder,eta", [("Part 3:", "evidence-eta8-lockstep", 8),
+                                             ("Part 4:", "evidence-eta2-lockstep", 2)])
+def test_four_minibatch_arms_below_the_base_model_as_the_records_say(part, folder, eta):
+    """"Below the base model" said of the decoupled arms holds of every seed, or of the means where it says so."""
+    base = evals("yardstick-base")
+    runs = {arm: cells(folder)[(arm, eta, 4)] for arm in ("recompute", "loglinear")}
+    said = [s for s in sentences(section(part)) if "decoupled arms" in s and "below the base" in s]
+    assert said, f"{part} should say where the decoupled arms ended against the base model"
+    for s in said:
+        if "on average" in s:
+            seeds = {r["seed"] for rs in runs.values() for r in rs}
+            mean_base = statistics.fmean(base[k]["accuracy"] for k in seeds)
+            assert all(statistics.fmean(r["eval_final"] for r in rs) < mean_base for rs in runs.values()), s
+        else:
+            above = [(arm, r["seed"]) for arm, rs in runs.items() for r in rs
+                     if r["eval_final"] > base[r["seed"]]["accuracy"]]
+            assert not above, f"{s!r}: above the base model on {above}"
+
+
+def test_the_later_turns_of_the_base_model_as_recorded():
+    added = [x for x in map(later_turns, evals("yardstick-retry-base").values()) if x is not None]
+    found = re.search(rf"In the base model they added ({NUM})-({NUM})", normal(section("Part 9:")))
+    assert found, "part 9 should say what the later turns added to the base model's accuracy"
+    assert agree([min(added), max(added)], found.groups()), (found.group(0), added)
+
+
+def test_the_multi_turn_clip_and_cap_at_eta_8_as_recorded():
+    rs = cells("evidence-retry-eta8-lockstep")
+    loglinear, recompute = rs[("loglinear", 8, 1)], rs[("recompute", 8, 1)]
+    found = re.search(rf"({NUM}) % of loglinear's tokens clipped, ({NUM})-({NUM}) % capped in either arm",
+                      normal(section("Part 9:")))
+    assert found, "part 9 should say where the clip and the cap acted at eta = 8"
+    capped = [100 * r["capped_frac"] for r in loglinear + recompute]
+    assert agree([100 * statistics.fmean(r["clipped_frac"] for r in loglinear), min(capped), max(capped)],
+                 found.groups()), (found.group(0), capped)
+
+
+def identical_seeds(folder: str) -> set[int]:
+    """Seeds on which the service arm and the rule arm got the same reward at every step and the same result on
+    every held-out problem: what "trained the same tokens" can rest on."""
+    runs = {(r["arm"], r["seed"]): r for r in load(folder)["runs"]}
+    return {s for arm, s in runs if arm == "service"
+            and runs[("service", s)]["curves"]["reward"] == runs[("loglinear", s)]["curves"]["reward"]
+            and runs[("service", s)]["held_out_final"] == runs[("loglinear", s)]["held_out_final"]}
+
+
+def test_the_service_arm_trained_the_same_tokens_only_where_the_records_say_so():
+    """A sentence that says the two arms trained the same tokens names its seeds and at most one η (2 unless it says
+    4), and on each of those seeds the reward curves and the held-out results are identical."""
+    said = [s for s in sentences(section("A slow reward service")) if "same tokens" in s]
+    assert said, "the service section should say on which runs the two arms trained the same tokens"
+    for s in said:
+        seeds = {int(d) for d in re.findall(r"\bseeds? (\d)", s)}
+        seeds |= {int(d) for d in re.findall(r"\bseeds \d(?:, \d)*,? and (\d)", s)}
+        if "both seeds" in s or not seeds:
+            seeds = {1, 2}
+        etas = set(re.findall(r"η = (\d)", s))
+        assert etas <= {"2"} or etas == {"4"}, f"{s!r}: say one η (2 or 4) per sentence"
+        folder = "service-eta4" if etas == {"4"} else "service-default"
+        assert seeds <= identical_seeds(folder), f"{s!r}: the records show identical runs on {identical_seeds(folder)}"
+
+
+def test_where_the_service_runs_part_as_recorded():
+    """Where the two arms did not train the same tokens, the section says from which step and on how many held-out
+    problems they differ."""
+    runs = {(r["arm"], r["seed"]): r for r in load("service-default")["runs"]}
+    text = normal(section("A slow reward service"))
+    found = re.search(r"On seed (\d) at η = 2 the reward curves part at step (\d+) .*? and (\d+) of the (\d+) "
+                      r"held-out problems differ, with the same number solved", text)
+    assert found, "the service section should say where the runs of the seed that differs part"
+    seed = int(found.group(1))
+    assert seed not in identical_seeds("service-default")
+    a, b = runs[("loglinear", seed)], runs[("service", seed)]
+    step = next(s for s, x, y in zip(a["curves"]["step"], a["curves"]["reward"], b["curves"]["reward"]) if x != y)
+    differ = sum(x != y for x, y in zip(a["held_out_final"], b["held_out_final"]))
+    assert (int(found.group(2)), int(found.group(3)), int(found.group(4))) == (step, differ, len(a["held_out_final"]))
+    assert sum(a["held_out_final"]) == sum(b["held_out_final"])
+
+
+def test_the_service_arms_wall_times_and_their_ratio_as_recorded():
+    text = normal(section("A slow reward service"))
+    found = re.findall(r"η = (\d): (?:the training loop took )?(\d+) s against (\d+) s \((\d\.\d\d)x\)", text)
+    assert [eta for eta, *_ in found] == ["2", "4"]
+    for (eta, service, rule, ratio), folder in zip(found, ("service-default", "service-eta4")):
+        wall = {row["arm"]: row["train_wall_s"]["mean"] for row in load(folder)["table"]}
+        assert (service, rule, ratio) == (f"{wall['service']:.0f}", f"{wall['loglinear']:.0f}",
+                                          f"{wall['service'] / wall['loglinear']:.2f}"), (eta, wall)
+
+
+def lora_interval() -> dict:
+    return across(("lora-lr6e-4", "lora"), ("lora-default", "lora"))
+
+
+def test_the_lora_learning_rate_default_states_what_it_rests_on():
+    """The 30 x default of actor.lora.lr against 10 x, paired by seed: the LoRA section gives the interval, and every
+    page that explains the default says what it shows: better than 10 x only if the interval excludes 0."""
+    p = lora_interval()
+    found = re.search(rf"6e-4 - 2e-4[^\[]{{0,60}}? ({NUM}) \[({NUM}), ({NUM})\]", normal(section("LoRA")))
+    assert found, "the LoRA section should give the 6e-4 - 2e-4 interval the default rests on"
+    assert agree([p["mean"], *p["interval"]], found.groups()), (found.group(0), p)
+    words = "better than 10 x" if report.reading(p) == "better" else "not shown better than 10 x"
+    for page in ("docs/results.md", "docs/training.md", "docs/config.md"):
+        assert words in normal((ROOT / page).read_text()), f"{page} should say the 30 x default is {words}"
+
+
+def test_the_speed_of_recompute_against_a3po_as_recorded():
+    """The study's cost claim: recompute's s/step over A-3PO's, free-running (docs/results/evidence-free)."""
+    step = {(row["arm"], row["eta"]): row["step_s"]["mean"] for row in load("evidence-free")["table"]}
+    found = re.search(r"(\d\.\d\d) s a step against A-3PO's (\d\.\d\d) at η = 2 \((\d\.\d\d)x\) and (\d\.\d\d) against "
+                      r"(\d\.\d\d) at η = 8 \((\d\.\d\d)x\)", normal(section("A-3PO against recomputing")))
+    assert found, "the study should say what recompute's step cost against A-3PO's"
+    expected = []
+    for eta in (2, 8):
+        recompute, a3po = step[("recompute", eta)], step[("loglinear", eta)]
+        expected += [recompute, a3po, recompute / a3po]
+    assert agree(expected, found.groups()), (found.group(0), expected)
+    ratios = sorted(expected[2::3])
+    for page, text in (("docs/results.md", section("A-3PO against recomputing")), ("README.md", None)):
+        text = normal(text or (ROOT / page).read_text())
+        assert f"{shown(ratios[0], '0.00')}-{shown(ratios[1], '0.00')}x" in text, page
+
+
+# tables copied from a generated page: (section, which table of it, the page)
+COPIES = [("A-3PO against recomputing", 0, "evidence-summary.md"),
+          ("Part 1:", 0, "evidence-eta8-lockstep/results.md"),
+          ("LoRA", 0, "lora-step/step.md"),
+          ("LoRA", 1, "lora-memory/step.md")]
+
+
+@pytest.mark.parametrize("start,index,page", COPIES, ids=[f"{s} {p}" for s, _, p in COPIES])
+def test_a_copied_table_is_a_copy_of_its_rows(start, index, page):
+    tables = re.findall(r"(?:^\|.*\n?)+", section(start), flags=re.M)
+    rows = [line for line in tables[index].splitlines()[2:]]
+    lines = set((RESULTS / page).read_text().splitlines())
+    assert rows and [r for r in rows if r not in lines] == []
