@@ -51,6 +51,9 @@ REFERENCE = "recompute"  # the arm bench staleness pairs every other arm of a ce
 BASELINE = "coupled"
 STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (the pipeline filling up)
 REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there, the coupled baseline stands for it"
+# every bound of the loss off (bench staleness's -noclip arms): lower clip 1 - 0.999,
+# upper 1 + 1000, no dual clip, no behaviour-weight cap
+NO_CLIP_BOUNDS = {"eps_clip": 0.999, "eps_clip_higher": 1000.0, "c_clip": None, "behav_imp_weight_cap": None}
 
 
 def option(default: Any, help: str | None = None, **rules: Any) -> Any:
