@@ -252,24 +252,28 @@ class RecordingFailed(RuntimeError):
     """The run that was to record the batches stopped; its log says why."""
 
 
-def record_runs(args: FidelityArgs, bench_dir: Path) -> list[Path]:
-    """Train one recording run per seed (bench/runs.py runs it as `a3po train` in a child process)."""
+def recording_configs(args: FidelityArgs) -> list[Config]:
+    """The configuration of each recording run, one per seed, checked before anything is written."""
     base = load_config(args.config, args.overrides, preset=args.preset)
     steps = args.steps or spread_steps(base.total_train_steps)
     late = [s for s in steps if s > base.total_train_steps]
     if late:
         raise ConfigError(f"--steps: {late[0]} is beyond total_train_steps={base.total_train_steps}")
+    extra = [f"rollout.max_head_offpolicyness={args.eta}", f"actor.ppo_n_minibatches={args.minibatches}",
+             f"saver.record_steps=[{','.join(map(str, steps))}]", "evaluator.freq_steps=0", "evaluator.initial=false"]
+    return [load_config(args.config, [*args.overrides, *extra, f"seed={seed}"], preset=args.preset)
+            for seed in range(base.seed, base.seed + args.seeds)]
+
+
+def record_runs(configs: list[Config], bench_dir: Path, keep_checkpoints: bool) -> list[Path]:
+    """Train the recording runs, each as `a3po train` in a child process (bench/runs.py); their folders."""
     dirs = []
-    for i, seed in enumerate(range(base.seed, base.seed + args.seeds)):
-        extra = [f"rollout.max_head_offpolicyness={args.eta}", f"actor.ppo_n_minibatches={args.minibatches}",
-                 f"saver.record_steps=[{','.join(map(str, steps))}]", "evaluator.freq_steps=0",
-                 "evaluator.initial=false", f"seed={seed}"]
-        cfg = load_config(args.config, [*args.overrides, *extra], preset=args.preset)
-        r = run_one(PlannedRun(f"seed{seed}", cfg, {"seed": seed}), bench_dir, f"[{i + 1}/{args.seeds}]",
+    for i, cfg in enumerate(configs):
+        r = run_one(PlannedRun(f"seed{cfg.seed}", cfg, {"seed": cfg.seed}), bench_dir, f"[{i + 1}/{len(configs)}]",
                     lambda rows, cfg: {})
         if not r["ok"]:
             raise RecordingFailed(f"the recording run failed (exit {r['returncode']}): {r['error']}  [log: {r['log']}]")
-        if not args.keep_checkpoints:
+        if not keep_checkpoints:
             shutil.rmtree(Path(r["run_dir"]) / "checkpoints", ignore_errors=True)
         dirs.append(Path(r["run_dir"]))
     return dirs
@@ -292,17 +296,17 @@ def records_of(run_dir: Path, steps: list[int] | None) -> list[Path]:
 def run(args: FidelityArgs, argv: list[str]) -> dict:
     torch.set_num_threads(args.threads or split_threads(1, None)[1])
     t0 = time.perf_counter()
-    if args.run is not None:
+    if args.run is not None:  # a bad folder, like a bad configuration, is one line before anything is written
         runs = [Path(args.run)]
-        for r in runs:
-            records_of(r, args.steps)  # a bad folder is one line before anything loads
-        fileroot = Path(args.run).parent
+        records_of(runs[0], args.steps)
+        fileroot = runs[0].parent
     else:
-        fileroot = Path(load_config(args.config, args.overrides, preset=args.preset).fileroot)
+        configs = recording_configs(args)
+        fileroot = Path(configs[0].fileroot)
     out = unique_dir(Path(args.out) if args.out else fileroot / "bench-fidelity")
     if args.run is None:
-        progress(f"bench fidelity: a recording run per seed in {out}")
-        runs = record_runs(args, out)
+        progress(f"bench fidelity: {len(configs)} recording run(s) in {out}")
+        runs = record_runs(configs, out, args.keep_checkpoints)
     arms = [a for a in FIDELITY_ARMS if a in args.arms]
     records = []
     for run_dir in runs:
