@@ -236,11 +236,17 @@ def test_run_replays_its_own_configuration_only():
 # ----------------------------------------------------------------------------- the command
 
 
+# The tiny random model rarely solves a sum: rewarded by the parity of its completion's length instead, every group
+# holds rewards that differ, and every recorded step has advantages to train on.
+PARITY = "def score(completion, example):\n    return float(len(completion) % 2)\n"
+
+
 @pytest.mark.slow
 def test_the_command_records_a_run_and_replays_it(tmp_path):
+    (tmp_path / "parity.py").write_text(PARITY)
     res = a3po("bench", "fidelity", "--preset", "tiny", "logging.tensorboard=false", "total_train_steps=3",
-               "actor.optimizer.lr=1e-2", "--steps", "2,3", "--arms", "recompute,loglinear", "--split", "",
-               "--heldout", "2", "--out", "out", cwd=tmp_path)
+               "actor.optimizer.lr=1e-2", "train_dataset.reward=parity:score", "--steps", "2,3",
+               "--arms", "recompute,loglinear", "--split", "", "--heldout", "2", "--out", "out", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "out"
     rec = json.loads((out / "results.json").read_text())
@@ -253,16 +259,12 @@ def test_the_command_records_a_run_and_replays_it(tmp_path):
     assert not (run_dir / "checkpoints").exists()
     assert [(r["step"], r["version"]) for r in rec["records"]] == [(2, 1), (3, 2)]
     logged = {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
-    compared = 0
     for r in rec["records"]:
-        assert max(map(int, r["d"])) <= 8 and logged[r["step"]]["perf/record_s"] > 0
-        if not r["rows"]:
-            continue
+        assert max(map(int, r["d"])) <= 8 and logged[r["step"]]["perf/record_s"] > 0 and r["signal_tokens"] > 0
         rows = _by(r)
+        assert set(rows) == {("recompute", "all"), ("loglinear", "all")} and rows["loglinear", "all"]["kl"] >= 0
         assert (rows["recompute", "all"]["cos"], rows["recompute", "all"]["rel_err"]) == (1.0, 0.0)
         # the run trained with loglinear: replaying that arm is the step the run took, statistics and all
         own = rows["loglinear", "all"]["stats"]
         for key in ("loss/ratio_mean", "loss/clipped_frac", "train/grad_norm", "train/n_tokens"):
             assert own[key] == pytest.approx(logged[r["step"]][key], rel=1e-5), key
-        compared += 1
-    assert compared  # at least one recorded step had an advantage to train on
