@@ -30,8 +30,10 @@ Where the arms part: the update is split by staleness d and by the sign of A. A 
 step on its tokens alone, the advantages of all other tokens set to 0 (they still count in the loss's
 denominator, so each token weighs as in the whole step), net of the carried part, against recompute's
 step on the same tokens. Its minibatch path is its own (theta moves by that part's gradients only), so
-the parts need not add up to the whole: they say which tokens an arm treats differently. A part that
-is the whole (a lockstep batch holds one d) is the whole step's row.
+the parts need not add up to the whole (AdamW and the global gradient-norm clip are not linear either):
+they say which tokens an arm treats differently. A part that is the whole (a lockstep batch holds one d)
+is the whole step's row. With importance_sampling_level=sequence (GSPO) a sequence pools its tokens'
+advantages, so a d part that cuts a sequence (an in-flight update) changes that sequence's advantage too.
 
 The KL: --heldout prompts of the run's held-out split, each continued greedily by the recorded (pre-step)
 policy; at every position of the continuation, KL(pi_rec || pi_arm) between the next-token distributions
