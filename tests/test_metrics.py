@@ -1,9 +1,9 @@
 """The metric registry (a3po/metrics.py) against what real runs log.
 
 Two tiny `a3po train` runs whose options together reach every family: the `metrics` proximal
-method (prox_err/), two rollout workers (rollout/idle_frac/w<i>), the KL in the loss and, in the
-second run, in the reward (perf/ref_kl_s), coupled PPO and multi-turn episodes with a tool
-(episode/, eval/tool_use_frac), evaluation steps. Every key either writes
+method (prox_err/), two rollout workers (rollout/idle_frac/w<i>), a recorded step (perf/record_s),
+the KL in the loss and, in the second run, in the reward (perf/ref_kl_s), coupled PPO and
+multi-turn episodes with a tool (episode/, eval/tool_use_frac), evaluation steps. Every key either writes
 to metrics.jsonl or to TensorBoard must be declared by exactly one entry, and every entry must be
 logged: on every training step when it declares no condition, in one of the runs otherwise.
 """
@@ -24,7 +24,7 @@ NOT_EXERCISED = {"perf/ranks_sync_s": "needs two trainer ranks; tests/test_paral
 
 RUNS = {
     "metrics-2w-kl": ["actor.prox_logp_method=metrics", "rollout.n_workers=2", "actor.kl_ctl=0.1",
-                      "total_train_steps=3", "evaluator.freq_steps=2"],
+                      "total_train_steps=3", "evaluator.freq_steps=2", "saver.record_steps=[2]"],
     "coupled-klreward": ["actor.use_decoupled_loss=false", "actor.kl_ctl=0.1", "actor.kl_in_reward=true",
                          "train_dataset.env=calculator", "train_dataset.max_turns=2",
                          "total_train_steps=2", "evaluator.freq_steps=0", "logging.tensorboard=false"],

@@ -11,6 +11,8 @@
     a3po bench e2e [--seeds N] [--arms ...] [key=value ...]   the paper's comparison as real runs
     a3po bench staleness [--etas 0,2,4,8] [--minibatches 1,4] [--arms ...] [--seeds N] [key=value ...]
                                                    every arm's training against the staleness bound eta
+    a3po bench fidelity [--steps 4,8] [--run RUN_DIR] [key=value ...]
+                                                   recorded batches replayed per proximal method: updates vs recompute
 
 With no arguments `a3po train` runs the embedded default (the schema's defaults).
 A bad configuration prints one line and exits with code 2, never a traceback.
@@ -85,6 +87,10 @@ def _bench(args, argv: list[str]) -> int:
         from a3po.bench import e2e
 
         return e2e.main(options, argv)
+    if options.command == "fidelity":
+        from a3po.bench import fidelity
+
+        return fidelity.main(options, argv)
     from a3po.bench import staleness
 
     return staleness.main(options, argv)

@@ -178,6 +178,8 @@ REGISTRY: tuple[Metric, ...] = (
        "the proximal forward pass of version v (recompute, metrics); exactly 0 for the methods without one"),
     _m("perf/ref_kl_s", "s", LOOP, "the reference model's forward pass before the advantages",
        "actor.kl_in_reward=true"),
+    _m("perf/record_s", "s", LOOP, "saving the step's batch and the trainer's state before the update "
+       "(trainer/records.py)", "the steps listed in saver.record_steps"),
     _m("perf/train_s", "s", ENGINE, "forward, backward and optimizer steps of the update"),
     _m("perf/optimizer_s", "s", ENGINE, "the optimizer's share of `perf/train_s` (clipping, AdamW, schedule)"),
     _m("perf/ranks_sync_s", "s", ENGINE, "gathering the whole model and the statistics on rank 0 after the update",

@@ -51,6 +51,13 @@ REFERENCE = "recompute"  # the arm bench staleness pairs every other arm of a ce
 BASELINE = "coupled"
 STEADY_AFTER = 2  # steady state: the steps after the first eta + STEADY_AFTER (the pipeline filling up)
 REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there, the coupled baseline stands for it"
+# every bound of the loss off (the -noclip arms of bench staleness and bench fidelity): lower clip 1 - 0.999,
+# upper 1 + 1000, no dual clip, no behaviour-weight cap
+NO_CLIP_BOUNDS = {"eps_clip": 0.999, "eps_clip_higher": 1000.0, "c_clip": None, "behav_imp_weight_cap": None}
+# bench fidelity's arms, defined in fidelity.py; recompute is the reference, replayed a second time as its own arm
+FIDELITY_ARMS = ("recompute", "loglinear", "linear", "coupled", "recompute-noclip", "reuse")
+FIDELITY_SPLITS = ("d", "sign")  # bench fidelity's --split: by staleness, by the sign of the advantage
+FIDELITY_ALL = "all"  # bench fidelity's name for the whole update, beside the parts of a split ("d=3", "A>0")
 
 
 def option(default: Any, help: str | None = None, **rules: Any) -> Any:
@@ -303,5 +310,42 @@ class StalenessArgs(TrainBenchArgs):
         return self
 
 
+@dataclass
+class FidelityArgs(TrainBenchArgs):
+    command = "fidelity"
+    summary = "recorded batches replayed under each proximal method: every update against recompute's"
+    description = ("Train one run (--preset, --config, key=value) that records its batch and the trainer's state "
+                   "before each of --steps (saver.record_steps), or take the records of --run; replay every record "
+                   "once per arm from the same weights and optimizer state, and compare each arm's parameter "
+                   "update with recompute's (cosine, relative norm, relative error), overall, per staleness d and "
+                   "per sign of the advantage, and the policies after the step by their KL on held-out prompts; "
+                   "write results.md and results.json.")
+
+    steps: list[int] | None = option(None, "steps to record and replay (default: four spread over "
+                                           "total_train_steps; with --run, every record it holds)", ge=1, unique=True)
+    eta: int = option(8, "rollout.max_head_offpolicyness of the recorded run", ge=0)
+    minibatches: int = option(4, "actor.ppo_n_minibatches of the recorded run", ge=1)
+    run: str | None = option(None, "replay the records of this run folder (trained with saver.record_steps) "
+                                   "instead of training one")
+    arms: list[str] = option(list(FIDELITY_ARMS), "recompute: the reference replayed again, its rows the "
+                             "determinism check", choices=FIDELITY_ARMS, what="arm", unique=True)
+    split: list[str] = option(list(FIDELITY_SPLITS), "also one step per part of each split, on that part's tokens "
+                              "alone: d (per staleness), sign (A > 0, A < 0); empty: the whole update only",
+                              choices=FIDELITY_SPLITS, unique=True)
+    heldout: int = option(16, "held-out prompts the KL between the policies after the step is measured on "
+                              "(0: no KL)", ge=0)
+    threads: int | None = option(None, "torch threads of the replays (default: the trainer's share of the cores "
+                                       "in `a3po train`)", ge=1)
+    out: str | None = option(None, "output folder, suffixed -2, -3, ... if taken (default: <fileroot>/bench-fidelity)")
+
+    def _problems(self) -> list[str]:
+        if self.run is None:
+            return []
+        given = [name for name, x in (("--preset", self.preset), ("--config", self.config),
+                                      ("key=value", self.overrides), ("--seeds", self.seeds != 1)) if x]
+        return [f"--run replays the records of {self.run} with that run's own configuration: drop {given[0]}"] \
+            if given else []
+
+
 BENCHMARKS: dict[str, type[BenchArgs]] = {c.command: c for c in (
-    StepBenchArgs, RolloutBenchArgs, SyncBenchArgs, E2EArgs, StalenessArgs)}
+    StepBenchArgs, RolloutBenchArgs, SyncBenchArgs, E2EArgs, StalenessArgs, FidelityArgs)}

@@ -44,7 +44,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from a3po.bench.args import BASELINE, REASON_ETA0, REFERENCE, STALENESS_ARMS, STEADY_AFTER, StalenessArgs
+from a3po.bench.args import (
+    BASELINE,
+    NO_CLIP_BOUNDS,
+    REASON_ETA0,
+    REFERENCE,
+    STALENESS_ARMS,
+    STEADY_AFTER,
+    StalenessArgs,
+)
 from a3po.bench.common import json_line, write_json
 from a3po.bench.report import approx_quality, mean_spread, paired_differences
 from a3po.bench.runs import (
@@ -62,8 +70,8 @@ from a3po.bench.runs import (
 from a3po.config import Config, ConfigError, load_config
 from a3po.files import atomic_write_text
 
-# every bound of the loss off: lower clip 1 - 0.999, upper 1 + 1000, no dual clip, no behaviour-weight cap
-NO_CLIP = ("actor.eps_clip=0.999", "actor.eps_clip_higher=1000", "actor.c_clip=null", "actor.behav_imp_weight_cap=null")
+NO_CLIP = tuple(  # as overrides
+    f"actor.{key}={'null' if x is None else x}" for key, x in NO_CLIP_BOUNDS.items())
 ARMS = {a.name: a for a in (
     Arm("coupled", "coupled PPO/GRPO (the behaviour policy as proximal)", ("actor.use_decoupled_loss=false",)),
     Arm.trains_with("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)", "metrics"),

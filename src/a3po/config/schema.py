@@ -309,6 +309,9 @@ class SaverConfig:
     freq_steps: int = opt(8, "save a checkpoint every this many steps (and at the end); 0 = only at the end", ge=0)
     keep_last: int = opt(1, "checkpoints kept on disk (older ones are removed once a newer one is complete); "
                               "2 or more leave --resume one to fall back on if the newest is damaged", ge=1)
+    record_steps: list = opt([], "steps whose batch is saved with the trainer's state just before their update "
+                                 "(RUN_DIR/records/step_N/, about 1.6 GB each with SmolLM2), for `a3po bench "
+                                 "fidelity` to replay; [] records none")
 
 
 @dataclass
@@ -353,7 +356,7 @@ class Config:
     train_dataset: DatasetConfig = section(DatasetConfig, "training data and reward")
     reward_service: RewardServiceConfig = section(RewardServiceConfig, "a reward from a model served over HTTP")
     evaluator: EvalConfig = section(EvalConfig, "held-out evaluation")
-    saver: SaverConfig = section(SaverConfig, "checkpoints")
+    saver: SaverConfig = section(SaverConfig, "checkpoints and training records")
     logging: LoggingConfig = section(LoggingConfig, "metrics sinks")
     cluster: ClusterConfig = section(ClusterConfig, "trainer ranks and where processes run")
 
@@ -390,6 +393,11 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
                                  "only used with actor.lora.rank > 0; set a rank (e.g. 16) or drop this key"))
     if a.kl_in_reward and a.kl_ctl == 0:
         problems.append(("actor.kl_in_reward", True, "has no effect with actor.kl_ctl=0; set kl_ctl > 0"))
+    bad = [s for s in cfg.saver.record_steps
+           if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= cfg.total_train_steps]
+    if bad:
+        problems.append(("saver.record_steps", cfg.saver.record_steps,
+                         f"step numbers from 1 to total_train_steps={cfg.total_train_steps}, e.g. [4, 8]"))
     r = cfg.rollout
     if r.max_concurrent_rollouts is not None and r.max_concurrent_rollouts < r.n_workers:
         problems.append(("rollout.max_concurrent_rollouts", r.max_concurrent_rollouts,

@@ -4,7 +4,8 @@
        slot order, waiting only if they are not finished yet;
     2. advantages: shaped rewards (less the KL to the reference with actor.kl_in_reward)
        -> group-relative advantages (algorithm core);
-    3. PPO update on the batch (trainer/engine.py): version v -> v + 1;
+    3. PPO update on the batch (trainer/engine.py): version v -> v + 1; at a step listed in
+       saver.record_steps, the batch and the trainer's state are saved first (trainer/records.py);
     4. weight sync: once every worker is past v - 1, publish v + 1 (shared memory, or Ray's object store);
        with rollout.lockstep, only once batch v + eta is sampled (controller.py);
     5. statistics for this step.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +33,7 @@ from a3po.data.order import DataOrder
 from a3po.pipeline.controller import Controller, Snapshot
 from a3po.pipeline.pool import WorkerPool
 from a3po.trainer.engine import TrainEngine
+from a3po.trainer.records import save_record
 from a3po.trajectories import TrainBatch, Trajectory, collate
 
 
@@ -92,8 +95,9 @@ class StalenessError(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, engine: TrainEngine, pool: WorkerPool, weights,
-                 data: TaskData, order: DataOrder, pad_id: int, log=print):
+                 data: TaskData, order: DataOrder, pad_id: int, log=print, run_dir: Path | None = None):
         self.cfg, self.engine, self.weights, self.pad_id = cfg, engine, weights, pad_id
+        self.run_dir = run_dir  # where saver.record_steps' records go
         self.controller = Controller(cfg, pool, data, order, engine.version, log=log)
         self._started = False
         self._last = None  # controller counters at the end of the previous step
@@ -137,7 +141,11 @@ class Trainer:
         batch, adv_stats = batch_with_advantages(cfg, self.engine, trajs, self.pad_id)
         raw = batch.rewards
 
-        # 3. PPO update: version v -> v + 1.
+        # 3. PPO update: version v -> v + 1, recorded first at a step of saver.record_steps.
+        if v + 1 in cfg.saver.record_steps and self.run_dir is not None:
+            t0 = time.perf_counter()
+            save_record(self.run_dir, v + 1, self.engine, batch)
+            adv_stats["perf/record_s"] = time.perf_counter() - t0
         stats = self.engine.ppo_update(batch) | adv_stats
         after_train = ctl.snapshot()
 

@@ -210,7 +210,7 @@ def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInput
             if m is not None:
                 lender.attach(m)
         trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id,
-                          log=lambda line: tqdm.write(line, file=sys.stderr))  # above the progress bar
+                          log=lambda line: tqdm.write(line, file=sys.stderr), run_dir=run_dir)  # above the bar
         cleanup.callback(trainer.close)
         evaluate = Evaluator(cfg, scoring)
         cleanup.callback(evaluate.close)
