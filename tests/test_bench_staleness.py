@@ -217,7 +217,9 @@ def test_plan_orders_seeds_outermost_and_names_a_refused_cell():
     p = runs[4]
     assert p.fields == {"arm": "loglinear", "eta": 2, "minibatches": 1, "seed": 2}
     assert (p.cfg.seed, p.cfg.rollout.max_head_offpolicyness, p.cfg.actor.prox_logp_method) == (2, 2, "loglinear")
-    assert p.cfg.evaluator.freq_steps == p.cfg.total_train_steps
+    assert p.cfg.evaluator.freq_steps == p.cfg.total_train_steps  # the preset's 3 gives way: start and end only
+    every = plan(StalenessArgs(preset="tiny", etas=[2], arms=["loglinear"], eval_every=2).checked())[0]
+    assert {r.cfg.evaluator.freq_steps for r in every} == {2}
     with pytest.raises(ConfigError, match="cell 'coupled-eta0-mb1'"):
         plan(StalenessArgs(preset="tiny", overrides=["actor.m2_threshold=1.0"], etas=[0]).checked())
     with pytest.raises(ConfigError, match="nothing to run"):

@@ -300,6 +300,9 @@ class StalenessArgs(TrainBenchArgs):
                              choices=STALENESS_ARMS, what="arm", nonempty=True)
     all_arms_at_eta0: bool = option(False, "run every arm at eta = 0 too "
                                            "(default: only the coupled baseline, which they all equal there)")
+    eval_every: int = option(0, "evaluate held-out accuracy every this many steps as well (0: at step 0 and after "
+                                "the last step only; the pauses let asynchronous arms sample ahead unless "
+                                "rollout.lockstep=true)", ge=0)
 
     def checked(self) -> StalenessArgs:
         """Self with --etas and --minibatches sorted and deduplicated, --arms deduplicated, or a ConfigError

@@ -141,10 +141,10 @@ def plan(args: StalenessArgs) -> tuple[list[PlannedRun], list[Skipped]]:
     if not cells:
         raise ConfigError(f"nothing to run: every requested cell is skipped; {skipped[0].reason}")
     base = load_config(args.config, args.overrides, preset=args.preset)
-    runs = []
+    runs, eval_every = [], args.eval_every or base.total_train_steps
     for seed in range(base.seed, base.seed + args.seeds):
         for cell in cells:
-            extra = [*cell.overrides(), f"seed={seed}", f"evaluator.freq_steps={base.total_train_steps}"]
+            extra = [*cell.overrides(), f"seed={seed}", f"evaluator.freq_steps={eval_every}"]
             try:
                 cfg = load_config(args.config, [*args.overrides, *extra], preset=args.preset)
             except ConfigError as e:
