@@ -71,7 +71,7 @@ from a3po.config import Config, ConfigError, load_config
 from a3po.files import atomic_write_text
 
 NO_CLIP = tuple(  # as overrides
-    f"actor.{key}={'null' if x is None else x}" for key, x in NO_CLIP_BOUNDS.items())
+    f"actor.{key}={'null' if x is None else format(x, 'g')}" for key, x in NO_CLIP_BOUNDS.items())
 ARMS = {a.name: a for a in (
     Arm("coupled", "coupled PPO/GRPO (the behaviour policy as proximal)", ("actor.use_decoupled_loss=false",)),
     Arm.trains_with("recompute", "decoupled PPO, proximal log-probs recomputed (run as metrics)", "metrics"),
