@@ -580,3 +580,25 @@ def test_a_copied_table_is_a_copy_of_its_rows(start, index, page):
     rows = [line for line in tables[index].splitlines()[2:]]
     lines = set((RESULTS / page).read_text().splitlines())
     assert rows and [r for r in rows if r not in lines] == []
+
+
+def test_the_equivalence_pilot_s_table_and_decision_are_its_records():
+    """PLAN.md's held-out table (step 0 -> 24, per lr, arm and seed) and the means behind its choice of lr."""
+    folder = RESULTS / "equivalence-pilot"
+    text = (folder / "PLAN.md").read_text()
+    cols = [("recompute", 1), ("recompute", 2), ("coupled", 1), ("coupled", 2)]
+    finals, bases = [], []
+    for lr in ("2e-5", "1e-5"):
+        cells = []
+        for arm, seed in cols:
+            record = folder / f"lr{lr}" / "runs" / f"{arm}-eta8-mb4-seed{seed}" / "held_out.jsonl"
+            rows = [json.loads(line) for line in record.read_text().splitlines()]
+            acc = {r["step"]: sum(r["solved"]) / len(r["solved"]) for r in rows}
+            cells.append(f"{acc[0]:.3f} -> {acc[24]:.3f}")
+            if lr == "1e-5":
+                finals.append(acc[24])
+                bases.append(acc[0])
+        assert f"| {lr} | " + " | ".join(cells) + " |" in text
+    mean_final, mean_base = sum(finals) / 4, sum(bases) / 4
+    assert f"mean final accuracy, {mean_final:.3f}, exceeds the mean base, {mean_base:.3f}, by " \
+           f"{mean_final - mean_base:.3f}" in " ".join(text.split())
