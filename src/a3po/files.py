@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,6 +84,25 @@ def fsync_tree(folder: Path) -> None:
     for p in sorted(folder.rglob("*"), reverse=True):  # files before the folders that list them
         fsync(p)
     fsync(folder)
+
+
+@contextmanager
+def whole_folder(final: Path, what: str) -> Iterator[Path]:
+    """Yield a temporary folder beside `final`, renamed onto it once the block is done: a folder that exists under
+    its final name is complete. A failure removes what was written; no space is DiskFullError naming `what`."""
+    root, tmp = final.parent, final.parent / f".tmp-{final.name}"
+    try:
+        with writing(what, root):
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            yield tmp
+            fsync_tree(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -20,14 +20,13 @@ state (`save_engine`, `load_engine`) is written and read here too, by every rank
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from a3po.config import Config, load_config
-from a3po.files import atomic_write_text, fsync, fsync_tree, plain_modes, writing
+from a3po.files import atomic_write_text, plain_modes, whole_folder, writing
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not for resume_config
     from torch import Tensor
@@ -60,23 +59,12 @@ def save_checkpoint(run_dir: Path, step: int, engine, tokenizer, run_state: dict
     A save that fails removes what it had written (the space is given back) and leaves the
     older checkpoints and `latest` as they were, so --resume continues from the last one."""
     root = _dir(run_dir)
-    name = f"step_{step:06d}"
-    tmp = root / f".tmp-{name}"
-    try:
-        with writing("a checkpoint", root):
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_engine(engine, tmp, tokenizer=tokenizer)
-            (tmp / RUN_STATE).write_text(json.dumps(run_state))
-            fsync_tree(tmp)
-            final = root / name
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            fsync(root)
-            atomic_write_text(root / LATEST, name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    final = root / f"step_{step:06d}"
+    with whole_folder(final, "a checkpoint") as tmp:
+        save_engine(engine, tmp, tokenizer=tokenizer)
+        (tmp / RUN_STATE).write_text(json.dumps(run_state))
+    with writing("a checkpoint", root):
+        atomic_write_text(root / LATEST, final.name)
     _prune(root, step, keep)
     return final
 

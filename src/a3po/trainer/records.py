@@ -13,14 +13,12 @@ place, so one that exists is whole; with SmolLM2 it holds about 1.6 GB (weights 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from a3po.files import fsync_tree, writing
+from a3po.files import whole_folder
 from a3po.trainer.checkpoint import save_engine
 from a3po.trajectories import TrainBatch
 
@@ -31,22 +29,11 @@ INFO = "record.json"
 
 def save_record(run_dir: Path, step: int, engine, batch: TrainBatch) -> Path:
     """RUN_DIR/records/step_NNNNNN: `batch` and the engine's state before the update of `step`."""
-    root = Path(run_dir) / RECORDS
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp-{final.name}"
-    try:
-        with writing("a training record", root):
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_engine(engine, tmp)  # with several ranks every rank takes part (parallel.py); rank 0 writes
-            torch.save({f.name: getattr(batch, f.name).cpu() for f in fields(batch)}, tmp / BATCH)
-            (tmp / INFO).write_text(json.dumps({"step": step, "version": engine.version}))
-            fsync_tree(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    final = Path(run_dir) / RECORDS / f"step_{step:06d}"
+    with whole_folder(final, "a training record") as tmp:
+        save_engine(engine, tmp)  # with several ranks every rank takes part (parallel.py); rank 0 writes
+        torch.save({f.name: getattr(batch, f.name).cpu() for f in fields(batch)}, tmp / BATCH)
+        (tmp / INFO).write_text(json.dumps({"step": step, "version": engine.version}))
     return final
 
 
