@@ -68,3 +68,14 @@ def test_the_before_after_page_is_what_its_documented_command_writes(tmp_path):
     res = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path / "f", capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "f" / "results.md").read_text() == (folder / "results.md").read_text()
+
+
+def test_no_record_under_docs_results_is_left_out_of_git():
+    """A record the tests read but .gitignore hides passes here and fails on every fresh clone."""
+    if not (DOCS.parent / ".git").exists():
+        pytest.skip("not a git checkout")
+    hidden = subprocess.run(
+        ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "docs/results"],
+        cwd=DOCS.parent, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert hidden == [], f"ignored by .gitignore but read as records: {hidden[:5]}"
