@@ -121,6 +121,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync(path.parent)
 
 
+def cache_dir() -> Path:
+    """Where a3po keeps what it makes once and reuses (converted models, generated tasks): $A3PO_CACHE if set,
+    else ~/.cache/a3po."""
+    return Path(os.environ.get("A3PO_CACHE") or Path.home() / ".cache" / "a3po").expanduser()
+
+
 def umask() -> int:
     """This process's umask: read where the system tells it (Linux), else set and put back at once."""
     try:
