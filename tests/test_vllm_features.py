@@ -1,52 +1,19 @@
-"""a3po's commands on vLLM, against the real vLLM CPU build (`make test` runs these in .venv-vllm, beside
-tests/test_vllm.py, which holds the engine in its own process).
+"""vLLM under a3po's other paths, against the real vLLM CPU build (`make test` runs these in .venv-vllm, beside
+tests/test_vllm.py: the engine itself and plain training on it).
 
-Proves: `a3po train --preset tiny rollout.backend=vllm` (bf16 with the fp32 head) trains with
-staleness up to eta, resumes and leaves nothing behind in /dev/shm; multi-turn episodes train on
-vLLM engines inside Ray actors; an agent's calls are served by vLLM; `a3po serve` answers the
-OpenAI client; `a3po bench rollout` times vLLM beside the local engine; with LoRA the folded
-adapters reach vLLM.
+Proves: multi-turn episodes train on vLLM engines inside Ray actors; an agent's calls are served
+by vLLM; `a3po serve` answers the OpenAI client; `a3po bench rollout` times vLLM beside the
+local engine; with LoRA the folded adapters reach vLLM.
 """
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 from procs import a3po
+from test_vllm import RUN, TOL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-TOL = 1e-4  # fp32 on both sides, different kernels: rounding only (tests/test_vllm.py)
-
-
-# the tiny preset's 16 requests per step, up to 3 steps in flight, overflow vLLM's 2048-token step budget, so
-# prompts would be split across steps (which broke seeded sampling on the CPU build before it was turned off)
-RUN = ["--preset", "tiny", "logging.tensorboard=false", "rollout.backend=vllm", "rollout.dtype=bfloat16",
-       "actor.fp32_lm_head=true", "saver.freq_steps=2", "rollout.max_head_offpolicyness=2"]
-
-
-def test_training_with_vllm_reaches_eta_resumes_and_cleans_up(tmp_path):
-
-    before = set(left_behind())
-    first = a3po("train", *RUN, "total_train_steps=4", cwd=tmp_path, timeout=900)
-    assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "tiny"
-    again = a3po("train", "--resume", str(run_dir), "total_train_steps=6", cwd=tmp_path, timeout=900)
-    assert again.returncode == 0, again.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(7))
-    stale = [r["stale/max"] for r in rows if r["step"] > 0]
-    assert max(stale) == 2, stale  # the bound is reached, and the trainer checks it is never passed
-    assert all(r["perf/borrowed_frac"] == 0 for r in rows if r["step"] > 0)  # vLLM's threads are not lent
-    left = set(left_behind()) - before
-    assert not left, f"left in /dev/shm by processes that are gone: {left}"
-
-
-def left_behind() -> list[str]:
-    """a3po's vLLM folders in /dev/shm whose owning process has exited (the name holds its pid); the folders of
-    the engines that other tests run at the same time are not counted."""
-    names = [p.name for p in Path("/dev/shm").glob("a3po-vllm-*")]
-    return [n for n in names if (m := re.match(r"a3po-vllm-\w+-(\d+)-", n)) and not Path(f"/proc/{m[1]}").exists()]
 
 
 def test_vllm_workers_run_as_ray_actors_and_train_episodes(tmp_path):
