@@ -1,7 +1,8 @@
 """The package tree follows the processes: every import points down the layers, and no module imports itself back.
 
 Layers, lowest first (a module may import its own package and any lower layer, never a higher one):
-    leaves    files, signals, allocator, child      plain helpers, no a3po imports
+    leaves    files, signals, allocator, child,     plain helpers, no a3po imports
+              machine, intervals
     algo      the algorithm as pure functions, and every variant's name
     config    the schema, its loader and generated docs; devices resolves its choices to torch objects
     records   data, models, trajectories            what flows between processes
@@ -21,7 +22,7 @@ import a3po
 
 ROOT = Path(a3po.__file__).parent
 LAYERS = [
-    {"files", "signals", "allocator", "child", "__init__"},
+    {"files", "signals", "allocator", "child", "machine", "intervals", "__init__"},
     {"algo"},
     {"config", "devices", "metrics"},
     {"data", "models", "trajectories"},

@@ -19,9 +19,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from a3po.bench.common import machine, write_json
-from a3po.bench.report import accuracy_interval
 from a3po.config import Config, ConfigError, load_config, to_dict
+from a3po.files import write_json
+from a3po.intervals import accuracy_interval
+from a3po.machine import machine
 from a3po.trainer.checkpoint import RUN_STATE, latest_checkpoint
 
 RUN_CONFIG = "config.yaml"
