@@ -67,8 +67,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _bench(args, argv: list[str]) -> int:
     from a3po.bench.args import from_namespace
+    from a3po.config import extras
 
     options = from_namespace(args)  # checked: a bad option is a ConfigError before anything runs
+    if options.command in ("e2e", "staleness"):  # their plots come last: missing, hours of runs would end in an error
+        extras.require("plots", f"a3po bench {options.command}")
+    if options.command == "step" and options.lora_rank:
+        extras.require("lora", f"a3po bench step --lora-rank {options.lora_rank}")
     if options.command == "step":
         from a3po.bench import step
 
