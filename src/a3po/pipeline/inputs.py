@@ -11,15 +11,12 @@ from dataclasses import dataclass
 
 from a3po.agents import build_agent
 from a3po.config import Config, ConfigError, extras
-from a3po.data import DataError, RewardFn, TaskData, build_reward, load_task
+from a3po.data import RewardFn, TaskData, build_reward, load_task
 from a3po.data.rewards import Imported
 from a3po.envs import EnvSpec, build_env
 from a3po.launch import check as check_launcher
 from a3po.pipeline.sinks import check_backends
 from a3po.services import ServiceConfigError, check_service
-
-# what load_inputs raises on bad input: each is one line for the user
-INPUT_ERRORS = (ConfigError, DataError)
 
 
 @dataclass
