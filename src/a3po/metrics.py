@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, fields
 from functools import cache
 
-from a3po.config.choices import EpisodeEnd
+from a3po.episode_end import EpisodeEnd
 
 # Modules that write the keys, named once here so that each entry stays one line.
 STATS = "a3po.algo.stats"
