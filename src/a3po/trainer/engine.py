@@ -57,6 +57,7 @@ from a3po.config.schema import ActorConfig
 from a3po.devices import resolve_dtype, torch_dtype
 from a3po.models import lora
 from a3po.trainer.logprobs import PolicyLogp
+from a3po.trainer.objective import loss_spec
 from a3po.trainer.optim import build_optimizer
 from a3po.trainer.parallel import DataParallel
 from a3po.trajectories import TrainBatch
@@ -145,6 +146,7 @@ class TrainEngine:
         self.version = 0
         self.dp = dp
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
+        self.spec = loss_spec(cfg)
         head = self.model.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ValueError("models whose output layer has a bias are not supported by the chunked log-prob path yet")
@@ -331,20 +333,12 @@ class TrainEngine:
         else:
             prox = proximal_logp(self.method.name, mb.logp_behav, logp, mb.versions, v, logp_recomputed)
         kl = None
-        if cfg.kl_ctl > 0 and not cfg.kl_in_reward:
+        if self.spec.kl_coef > 0:  # the KL to the reference is a term of the loss
             with torch.no_grad(), self._reference() as ref_policy, eval_mode(ref_policy):
                 ref, _ = self._logp(ref_policy, mb, with_entropy=False)
             kl = kl_penalty(logp, ref, cfg.kl_estimator)
-        loss, terms = ppo_loss(
-            logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask,
-            eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
-            behav_imp_weight_cap=cfg.behav_imp_weight_cap if self.method else None,
-            behav_imp_weight_mode=cfg.behav_imp_weight_mode,
-            importance_sampling_level=cfg.importance_sampling_level,
-            m2_threshold=cfg.m2_threshold if self.method else None,
-            agg_mode=cfg.loss_agg_mode, agg_norm=cfg.loss_agg_norm, n_tokens=n_tokens, n_seqs=n_seqs,
-            entropy=entropy, entropy_coef=cfg.entropy_coef, kl=kl, kl_coef=cfg.kl_ctl,
-        )
+        loss, terms = ppo_loss(logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask, self.spec,
+                               n_tokens=n_tokens, n_seqs=n_seqs, entropy=entropy, kl=kl)
         if self.dp is None and not torch.isfinite(loss):  # with ranks, the gradient norm says it on every rank
             raise FloatingPointError(f"loss is {loss.item()} at version {v}; "
                                      "lower actor.optimizer.lr or check rewards/log-probs")
