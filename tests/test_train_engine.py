@@ -285,7 +285,7 @@ def test_the_loss_spec_is_the_actor_configs_loss_settings():
                             behav_imp_weight_mode="token_mask", importance_sampling_level="sequence",
                             m2_threshold=0.5, agg_mode="seq-mean-token-sum", agg_norm=24.0, entropy_coef=0.01,
                             kl_coef=0.1)
-    # coupled PPO has w = 1: no cap and no M2PO; a KL charged to the rewards is no term of the loss
-    coupled = loss_spec(actor_cfg("actor.use_decoupled_loss=false", "actor.m2_threshold=0.5", "actor.kl_ctl=0.1",
-                                  "actor.kl_in_reward=true"))
+    # coupled PPO has w = 1: no cap (the default 5 stays in the config); a KL charged to the rewards is no
+    # term of the loss
+    coupled = loss_spec(actor_cfg("actor.use_decoupled_loss=false", "actor.kl_ctl=0.1", "actor.kl_in_reward=true"))
     assert (coupled.behav_imp_weight_cap, coupled.m2_threshold, coupled.kl_coef) == (None, None, 0.0)

@@ -15,9 +15,9 @@ from a3po.config.schema import ActorConfig
 def loss_spec(cfg: ActorConfig) -> LossSpec:
     """The loss settings of actor config `cfg`.
 
-    Coupled PPO (use_decoupled_loss=false) has p = b, so w = 1: it neither caps w nor runs M2PO
-    (which drops tokens by log(p/b)), whatever those keys say. With kl_in_reward the KL is charged
-    to the rewards before the advantages, so the loss has no KL term."""
+    Coupled PPO (use_decoupled_loss=false) has p = b, so w = 1: it neither caps w (whose key keeps its
+    default) nor runs M2PO (which drops tokens by log(p/b); the config refuses it there). With
+    kl_in_reward the KL is charged to the rewards before the advantages, so the loss has no KL term."""
     decoupled = cfg.use_decoupled_loss
     return LossSpec(
         eps_clip=cfg.eps_clip,
