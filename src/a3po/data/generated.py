@@ -10,19 +10,19 @@ identically each time. The key holds all of those, reasoning-gym's version and t
 draws and splits them (this file and tasks.py), so a kept file is what drawing again would
 give. Tuples (reasoning-gym's difficulty ranges) are written tagged so that they read back as
 tuples; draws that still would not read back equal are drawn each time, as are draws whose
-file is missing, torn or foreign. The cache never fails a run: a file that cannot be written is simply not kept.
+file is missing, torn or foreign (two starts writing the same draws at once write the same text; at worst
+one leaves a torn file, read as missing and written again). The cache never fails a run: a file that cannot be
+written is simply not kept.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from a3po.files import cache_dir
+from a3po.files import atomic_write_text, cache_dir
 
 FORMAT = 1  # raise when what a file holds changes
 TUPLE = "<tuple>"  # {"<tuple>": [...]} in the file is a tuple in the entry
@@ -71,16 +71,11 @@ def keep(name: str | None, train: list[dict], held_out: list[dict]) -> None:
     except (TypeError, ValueError):
         return
     path = _path(name)
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # runs beside each other write apart
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        atomic_write_text(path, text)
     except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        pass  # not kept: the next start draws them again
 
 
 def _tag(value):
