@@ -527,12 +527,18 @@ def test_loss_by_staleness_hand_values():
     mask = torch.tensor([[True, True, True, True, False]])
     clipped = torch.tensor([[True, False, True, False, True]])
     capped = torch.tensor([[False, False, False, True, True]])
-    terms = LossTerms(mask=mask, ratio=z, clipped=clipped, dual_clipped=mask & False, behav_weight=z, capped=capped,
-                      m2_dropped=mask & False, pg=z)
+    none = mask & False
+    truncated = torch.tensor([[False, True, False, False, True]])
+    dropped = torch.tensor([[False, False, True, True, False]])
+    terms = LossTerms(mask=mask, ratio=z, clipped=clipped, dual_clipped=none, behav_weight=z, capped=capped,
+                      m2_dropped=none, pg=z, tis_truncated=truncated, corr_masked=dropped, opsm_masked=none,
+                      seq_first=none, seq_truncated=none, seq_masked=none)
     d = torch.tensor([[0, 0, 3, 3, 0]])
     adv = bt([-1.0, 1.0, -1.0, -1.0, -1.0])
     coef = bt([0.2, -0.2, 0.5, 0.1, 9.0])  # the masked-out token's weight does not count
     out = loss_by_staleness(terms, d, adv, coef)
     assert out == pytest.approx({"loss/clipped_frac_d0": 0.5, "loss/behav_capped_frac_d0": 0.0,
                                  "loss/clipped_frac_d3": 0.5, "loss/behav_capped_frac_d3": 0.5,
+                                 "loss/tis_truncated_frac_d0": 0.5, "loss/tis_truncated_frac_d3": 0.0,
+                                 "loss/corr_masked_frac_d0": 0.0, "loss/corr_masked_frac_d3": 1.0,
                                  "loss/grad_share_neg_low_d": 0.2 / 1.0})

@@ -8,6 +8,7 @@ no config.
 
 from __future__ import annotations
 
+from a3po.algo.corrections import CorrectionSpec
 from a3po.algo.loss import LossSpec
 from a3po.config.schema import ActorConfig
 
@@ -27,6 +28,10 @@ def loss_spec(cfg: ActorConfig) -> LossSpec:
         behav_imp_weight_mode=cfg.behav_imp_weight_mode,
         importance_sampling_level=cfg.importance_sampling_level,
         m2_threshold=cfg.m2_threshold if decoupled else None,
+        correction=CorrectionSpec(**vars(cfg.correction)),
+        policy_loss=cfg.policy_loss,
+        sapo_tau_pos=cfg.sapo_tau_pos,
+        sapo_tau_neg=cfg.sapo_tau_neg,
         agg_mode=cfg.loss_agg_mode,
         agg_norm=cfg.loss_agg_norm,
         entropy_coef=cfg.entropy_coef,
