@@ -51,9 +51,10 @@ LOW_D = 2  # "fresh" for the gradient-share statistic: tokens at most this many 
 
 
 def loss_by_staleness(terms: LossTerms, d: Tensor, adv: Tensor, grad_coef: Tensor) -> dict[str, float]:
-    """Where the clip, the cap and the off-policy corrections act, per staleness d (each (1, N) over the tokens that count), and the share of
-    the update's per-token weight |dloss/dtheta_t| (the coefficient of grad log pi(y_t) in the gradient) that
-    falls on tokens with A_t < 0 and d_t <= LOW_D: the tokens an unbounded ratio can blow up when p = b."""
+    """Where the clip, the cap and the off-policy corrections act, per staleness d (each (1, N) over the tokens
+    that count), and the share of the update's per-token weight |dloss/dtheta_t| (the coefficient of
+    grad log pi(y_t) in the gradient) that falls on tokens with A_t < 0 and d_t <= LOW_D: the tokens an
+    unbounded ratio can blow up when p = b."""
     m = terms.mask.bool()
     out = {}
     for k in sorted(set(d[m].tolist())):

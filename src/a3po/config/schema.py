@@ -86,8 +86,8 @@ class CorrectionConfig:
     mis: str = opt("none", "masked importance sampling: drop the token (token: MIS, IcePop), or the whole sequence "
                            "(sequence: its product of ratios; geometric: their geometric mean), whose ratio leaves "
                            "[mis_low, mis_high]", choices=variants.MIS_KINDS)
-    mis_low: float | None = opt(None, "lower bound of the mis band, inclusive (IcePop 0.5, geometric 0.99); null = none",
-                                ge=0)
+    mis_low: float | None = opt(None, "lower bound of the mis band, inclusive (IcePop 0.5, geometric 0.99); "
+                                      "null = none", ge=0)
     mis_high: float | None = opt(None, "upper bound of the mis band, inclusive (IcePop 5, geometric 1.01); null = none",
                                  gt=0)
     opsm_delta: float | None = opt(None, "off-policy sequence masking (DeepSeek-V3.2): drop each sequence whose mean "
@@ -144,7 +144,8 @@ class ActorConfig:
                                 choices=variants.PROX_METHODS)
     policy_loss: str = opt("ppo", "the surrogate: ppo (clipped ratio), cispo (clipped stop-gradient ratio times the "
                                   "log-prob, MiniMax-M1; clipped to [1 - eps_clip, 1 + eps_clip_higher]) or sapo (a "
-                                  "sigmoid gate of the ratio in place of the clip, Qwen)", choices=variants.POLICY_LOSSES)
+                                  "sigmoid gate of the ratio in place of the clip, Qwen)",
+                           choices=variants.POLICY_LOSSES)
     sapo_tau_pos: float = opt(1.0, "SAPO's gate temperature for positive advantages", gt=0)
     sapo_tau_neg: float = opt(1.05, "SAPO's gate temperature for negative advantages", gt=0)
     eps_clip: float = opt(0.2, "PPO clip range below 1 (and above 1 unless eps_clip_higher is set)", gt=0, lt=1)
