@@ -245,6 +245,22 @@ def test_gspo_gives_each_sequence_one_advantage_the_mean_of_its_tokens():
     torch.testing.assert_close(theta.grad, bt([0.75, 0.75, 0.0]))
 
 
+def test_gspo_token_keeps_each_tokens_advantage_and_gradient_under_the_sequence_ratio():
+    # one sequence, log r = [0.5, 0.3] -> the value of every token's ratio is e^0.4 = 1.491825 (its own gradient);
+    # A = [+1, -1], no dual clip: token 0 (A > 0, above 1.2) is clipped at -1.2 and gets no gradient; token 1
+    # keeps max(1.491825, 1.2) = 1.491825 and d/dtheta_1 = r / 2 (the token mean over 2) = 0.745912.
+    # GSPO would pool A to 0 (no gradient at all); per-token PPO would see token 1's own r = e^0.3.
+    theta, p, b, adv = inputs([[math.exp(0.5), math.exp(0.3)]], [[1.0, -1.0]])
+    spec = LossSpec(importance_sampling_level="sequence_token", c_clip=None)
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), spec)
+    r = math.exp(0.4)
+    torch.testing.assert_close(terms.ratio, bt([r, r]))
+    assert terms.clipped.tolist() == [[True, False]]
+    torch.testing.assert_close(loss, torch.tensor((-1.2 + r) / 2, dtype=F64))
+    loss.backward()
+    torch.testing.assert_close(theta.grad, bt([0.0, r / 2]))
+
+
 def test_gspo_with_a_token_cap_drops_the_capped_token_before_the_sequence_mean():
     # one sequence, A = 1: log r = [0.1, -0.1], w = [1, 4]; cap 3 with token_mask drops token 1.
     # The sequence ratio averages the kept token only: r = exp(0.1) = 1.105171 for both tokens (averaging

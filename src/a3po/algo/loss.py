@@ -21,6 +21,9 @@ Options beyond the plain objective:
   A_t when advantages are per sequence, as GRPO's are), both shared by its tokens: a token
   keeping its own A_t under the shared r would be clipped on its own sign of A_t. Both means
   run over the tokens that count, so a token that token_mask drops enters neither.
+- importance_sampling_level="sequence_token" (GSPO-token, same paper): each token keeps its own A_t
+  and its own gradient, under the value of its sequence's ratio: log r_t = sg(mean_s log r_s) +
+  log r_t - sg(log r_t). With one advantage per sequence it is GSPO.
 - m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
   largest first, until the mean of the rest is at most the threshold.
 
@@ -121,8 +124,25 @@ def _per_token(x: Tensor, mask: Tensor) -> Tensor:
     return x
 
 
-# importance_sampling_level: how log r and A are pooled before the surrogate
-IS_LEVELS = implements({"token": _per_token, "sequence": _sequence_mean}, variants.IS_LEVELS)
+def _sequence_value_token_gradient(x: Tensor, mask: Tensor) -> Tensor:
+    """GSPO-token's log ratio: the sequence mean's value, each token's own gradient."""
+    return _sequence_mean(x, mask).detach() + x - x.detach()
+
+
+@dataclass(frozen=True)
+class IsLevel:
+    """How log r and A are pooled before the surrogate."""
+
+    log_ratio: Callable[[Tensor, Tensor], Tensor]
+    adv: Callable[[Tensor, Tensor], Tensor]
+
+
+# importance_sampling_level
+IS_LEVELS = implements({
+    "token": IsLevel(_per_token, _per_token),
+    "sequence": IsLevel(_sequence_mean, _sequence_mean),  # GSPO
+    "sequence_token": IsLevel(_sequence_value_token_gradient, _per_token),  # GSPO-token
+}, variants.IS_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -158,8 +178,8 @@ class LossSpec:
         return lookup(CAP_MODES, self.behav_imp_weight_mode, "behav_imp_weight_mode")
 
     @property
-    def pool(self) -> Callable[[Tensor, Tensor], Tensor]:
-        """How log r and A are pooled before the surrogate: per token, or each sequence's mean."""
+    def pool(self) -> IsLevel:
+        """How log r and A are pooled before the surrogate: per token, each sequence's mean, or GSPO-token's."""
         return lookup(IS_LEVELS, self.importance_sampling_level, "importance_sampling_level")
 
     @property
@@ -246,8 +266,8 @@ def ppo_loss(
     pool = spec.pool
     token_drop = fix.token_drop | (capped if cap_mode.drop and not cap_mode.per_sequence else torch.zeros_like(mask))
     in_mean = mask & ~token_drop
-    log_r = pool(_safe_log_ratio(theta, prox), in_mean)
-    adv = torch.where(mask, pool(adv, in_mean), zero)
+    log_r = pool.log_ratio(_safe_log_ratio(theta, prox), in_mean)
+    adv = torch.where(mask, pool.adv(adv, in_mean), zero)
 
     # 5. The surrogate s_t (PPO's clip with the optional dual clip, CISPO or SAPO), times w_t.
     s = SURROGATES[spec.policy_loss](log_r, adv, spec.surrogate)

@@ -38,7 +38,7 @@ PROX_TRAITS: dict[str, ProxTraits] = {t.name: t for t in (  # actor.prox_logp_me
 )}
 PROX_METHODS = tuple(PROX_TRAITS)
 BEHAV_WEIGHT_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate")  # loss.py
-IS_LEVELS = ("token", "sequence")  # actor.importance_sampling_level (loss.py)
+IS_LEVELS = ("token", "sequence", "sequence_token")  # actor.importance_sampling_level (loss.py)
 POLICY_LOSSES = ("ppo", "cispo", "sapo")  # actor.policy_loss (surrogates.py)
 CORRECTION_RATIOS = ("behav", "current")  # actor.correction.ratio (corrections.py)
 TIS_LEVELS = ("none", "token", "sequence")  # actor.correction.tis (corrections.py)

@@ -159,8 +159,10 @@ class ActorConfig:
     behav_imp_weight_mode: str = opt("token_mask",
                                      "what the cap does: drop (mask) or clamp (truncate), per token or per sequence",
                                      choices=variants.BEHAV_WEIGHT_MODES)
-    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO) or per sequence "
-                                                  "(GSPO: the means over its tokens)", choices=variants.IS_LEVELS)
+    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO), per sequence "
+                                                  "(GSPO: the means over its tokens), or sequence_token (GSPO-token: "
+                                                  "the sequence's ratio, each token's advantage and gradient)",
+                                         choices=variants.IS_LEVELS)
     m2_threshold: float | None = opt(None, "M2PO: drop tokens until the second moment of log(p/b) is below this; "
                                            "null disables", gt=0)
     loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=variants.AGG_MODES)
