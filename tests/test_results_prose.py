@@ -415,16 +415,63 @@ def test_the_readme_states_the_resolution_of_its_claim():
 
 
 def resolution_missing(path: Path) -> list[str]:
-    """Sentences of a page that read "no measurable difference" (or "measured no different") without an interval or
-    a ± half-width in the same sentence. The phrase in quotes defines the words rather than reading a result."""
+    """Sentences of a page that read "no measurable difference" (or "nothing measurable", "measured no different",
+    at the start of a sentence too) without an interval or a ± half-width in the same sentence. The phrase in quotes
+    defines the words rather than reading a result."""
     return [s for s in sentences(path.read_text())
-            if re.search(r"(?<!\")no measurable difference|measured no different", s)
+            if re.search(r"(?<!\")(?:no measurable difference|nothing measurable)|measured no different", s, re.I)
             and not re.search(rf"\[{NUM}, {NUM}\]|±\s?\d", s)]
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/training.md", "docs/results.md"])
 def test_every_no_measurable_difference_states_its_resolution(page):
     assert resolution_missing(ROOT / page) == []
+
+
+def half_widths_meant(sentence: str, at: int) -> list[float]:
+    """The A-3PO - recompute half-widths a "±a to ±b" range at `at` of a sentence speaks of: the one-minibatch cells on
+    the table row of one optimizer step, the four-minibatch cells where "four minibatches" comes just before the
+    range, every cell otherwise."""
+    mb = 1 if sentence.startswith("| 1 ") else 4 if "four minibatches" in sentence[max(0, at - 30):at] else None
+    return sorted((p["interval"][1] - p["interval"][0]) / 2 for folder in STUDY for p in load(folder)["paired"]
+                  if (p["arm"], p["reference"]) == ("loglinear", "recompute") and mb in (None, p["minibatches"]))
+
+
+# where the resolution of the A-3PO - recompute comparison is quoted as a range of half-widths
+RESOLUTIONS = ("README.md", "docs/training.md#Which proximal method when", "A-3PO against recomputing",
+               "Defaults, from this evidence")
+
+
+@pytest.mark.parametrize("start", RESOLUTIONS)
+def test_a_range_of_half_widths_is_that_of_the_cells_it_speaks_of(start):
+    text = (ROOT / start).read_text() if start.endswith(".md") else section(start)
+    lines = text.splitlines()
+    units = [normal(row) for row in lines if row.startswith("|")]  # a table row whole: its first cell says its cells
+    units += sentences("\n".join(line for line in lines if not line.startswith("|")))
+    found = [(s, m) for s in units for m in re.finditer(rf"±({NUM})(?: to ±|-)({NUM})", s)]
+    assert found, f"{start} should give the resolution of its A-3PO - recompute comparison"
+    for s, m in found:
+        halves = half_widths_meant(s, m.start())
+        assert agree([halves[0], halves[-1]], m.groups()), (m.group(0), halves[0], halves[-1], s)
+
+
+def equivalence_margin() -> str:
+    """The margin the equivalence study's plan fixed before its runs."""
+    plan = normal((RESULTS / "equivalence-pilot" / "PLAN.md").read_text())
+    margins = set(re.findall(r"equivalent within (\d\.\d+)", plan))
+    assert len(margins) == 1, f"the equivalence pilot's PLAN.md should name one margin, not {margins}"
+    return margins.pop()
+
+
+@pytest.mark.parametrize("start", ["A-3PO against recomputing", "docs/training.md#Which proximal method when"])
+def test_the_claim_says_no_cell_is_shown_equivalent_and_names_the_study_under_way(start):
+    """Nothing has been shown equivalent; the claim says so, and names the margin of the study that could show it."""
+    text = normal(section(start))
+    found = re.search(rf"No cell has been shown equivalent: an equivalence study with a margin of ±({NUM})[^.]*? is "
+                      r"under way", text)
+    assert found, f"{start} should say that no cell has been shown equivalent and which study is under way"
+    assert found.group(1) == equivalence_margin(), (found.group(0), equivalence_margin())
+    assert "docs/results/equivalence-pilot/PLAN.md" in text
 
 
 def test_the_single_turn_base_model_is_quoted_as_recorded():

@@ -192,10 +192,13 @@ class GenerationConfig:
     n_samples: int = opt(4, "completions sampled per prompt (one group)", ge=1)
     max_new_tokens: int = opt(24, "maximum tokens generated per completion", ge=1)
     temperature: float = opt(1.0, "sampling temperature", gt=0)
-    top_p: float = opt(1.0, "nucleus sampling mass; must be 1.0 while a3po trains (the trainer's log-probs are "
-                            "not renormalised over the kept tokens yet)", gt=0, le=1)
-    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables; must be 0 while a3po trains (as top_p)",
+    top_p: float = opt(1.0, "nucleus sampling: keep the most likely tokens while the mass ranked above a token is "
+                            "below top_p; 1.0 disables. The trainer applies the same filter to its own log-probs "
+                            "(docs/design.md, \"Sampling filters\")", gt=0, le=1)
+    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables; applied by the trainer too, as top_p",
                      ge=0)
+    min_p: float = opt(0.0, "keep tokens whose probability is at least min_p times the most likely one's; 0.0 "
+                            "disables; applied by the trainer too, as top_p", ge=0, lt=1)
     stop: list = opt([], "extra stop strings (the tokenizer's end-of-sequence always stops)")
 
 
@@ -476,13 +479,6 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
-    g = cfg.gconfig
-    for key, value, off in (("top_p", g.top_p, 1.0), ("top_k", g.top_k, 0)):
-        if value != off:  # truncation alone is valid for sampling; with training it biases the ratio
-            problems.append((f"gconfig.{key}", value, (
-                f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
-                "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
-                "lower gconfig.temperature instead")))
     if cfg.cluster.n_trainer_ranks > 1 and a.device.startswith(f"{Device.CUDA}:"):
         problems.append(("actor.device", a.device, (
             f"cuda or auto with cluster.n_trainer_ranks={cfg.cluster.n_trainer_ranks}: each rank takes a GPU "

@@ -232,7 +232,7 @@ class _Worker:
         for i in range(g.n_samples):
             self.engine.submit(GenerationRequest(
                 ids, g.max_new_tokens, rid=(work.slot, i), temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                stop=tuple(g.stop), seed=request_seed(self.cfg.seed, work.slot, i),
+                min_p=g.min_p, stop=tuple(g.stop), seed=request_seed(self.cfg.seed, work.slot, i),
             ))
         self.groups[work.slot] = (work, [])
 

@@ -54,6 +54,7 @@ from a3po.algo import (
     proximal_logp,
     staleness,
 )
+from a3po.algo.filters import NO_FILTER, SamplingFilter
 from a3po.algo.prox import ApproxErrors
 from a3po.config.choices import Dtype
 from a3po.config.schema import ActorConfig
@@ -140,12 +141,13 @@ def minibatches(n_rows: int, n: int) -> list[list[int]]:
 
 class TrainEngine:
     def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0,
-                 device: torch.device | str = "cpu", ranks: Ranks | None = None):
+                 device: torch.device | str = "cpu", ranks: Ranks | None = None,
+                 sampling: SamplingFilter = NO_FILTER):
         self.device = torch.device(device)
         self.model = model.float().to(self.device)
         self.cfg = cfg
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.temperature = temperature
+        self.temperature, self.sampling = temperature, sampling  # the distribution the engine samples from
         self.version = 0
         self.ranks: Ranks = ranks or OneProcess()
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
@@ -177,7 +179,7 @@ class TrainEngine:
         return self.trained.ref_model
 
     def _policy_of(self, model) -> PolicyLogp:
-        return PolicyLogp(model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
+        return PolicyLogp(model, self.temperature, self.autocast, self.cfg.fp32_lm_head, self.sampling)
 
     # -- forward --------------------------------------------------------------------------
 
