@@ -11,8 +11,8 @@ A correction reads a ratio rho_t against the sampler's log-prob b_t and rescales
     TIS (truncate, upper bound C):   w_t <- w_t * min(R, C) / rho_t    so that the weight the correction
                                      sees, rho_t, becomes min(R, C): ratio="behav" gives w_t <- min(R, C)
     MIS (mask, band [lo, hi]):       w_t <- 0 where R leaves [lo, hi] (bounds inclusive), else unchanged,
-                                     so a kept token keeps rho_t as its weight (IcePop, verl, AReaL),
-                                     not 1 (SkyRL's mask)
+                                     so a kept token keeps rho_t as its weight (verl, OpenRLHF, AReaL),
+                                     not 1 (SkyRL's token mask)
     OPSM (DeepSeek-V3.2, delta):     every token of a sequence with mean_t A_t < 0 and
                                      mean_t (b_t - sg(theta_t)) > delta gets w_t <- 0
 
