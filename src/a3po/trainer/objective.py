@@ -18,7 +18,9 @@ def loss_spec(cfg: ActorConfig) -> LossSpec:
 
     Coupled PPO (use_decoupled_loss=false) has p = b, so w = 1: it neither caps w (whose key keeps its
     default) nor runs M2PO (which drops tokens by log(p/b); the config refuses it there). With
-    kl_in_reward the KL is charged to the rewards before the advantages, so the loss has no KL term."""
+    kl_in_reward the KL is charged to the rewards before the advantages, so the loss has no KL term.
+    The off-policy corrections pass whole: under coupled PPO the config admits only those that read
+    exp(theta - b) (correction.ratio=current) and OPSM, since exp(p - b) is 1 there."""
     decoupled = cfg.use_decoupled_loss
     return LossSpec(
         eps_clip=cfg.eps_clip,
