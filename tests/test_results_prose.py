@@ -650,3 +650,29 @@ def test_the_equivalence_pilot_s_table_and_decision_are_its_records():
     mean_final, mean_base = sum(finals) / 4, sum(bases) / 4
     assert f"mean final accuracy, {mean_final:.3f}, exceeds the mean base, {mean_base:.3f}, by " \
            f"{mean_final - mean_base:.3f}" in " ".join(text.split())
+
+
+def test_part_10_quotes_the_fidelity_record():
+    """Every number of part 10's reading of `a3po bench fidelity` is its committed record's."""
+    record = json.loads((DOCS / "results/fidelity-yardstick/results.json").read_text())
+    text = normal(section("Part 10:"))
+    silent = [r["step"] for r in record["records"] if r["signal_tokens"] == 0]
+    assert f"Three of the four recorded steps ({', '.join(map(str, silent))})" in text
+    (rec,) = [r for r in record["records"] if r["signal_tokens"] > 0]
+    row = {(r["arm"], r["cell"]): r for r in rec["rows"]}
+    assert f"Step {rec['step']} trains on {rec['tokens']} tokens, {rec['signal_tokens']} with A ≠ 0" in text
+    assert f"{row['loglinear', 'A>0']['tokens']} with A > 0 and {row['loglinear', 'A<0']['tokens']} with A < 0" in text
+    ll, co = row["loglinear", "all"], row["coupled", "all"]
+    for quoted in (f"a cosine of {ll['cos']:.4f} with recompute's, the same norm ({ll['rel_norm']:.3f}) and a "
+                   f"relative error of {ll['rel_err']:.3f}", f"KL of {ll['kl']:.1e} per held-out token",
+                   f"(cosine {row['loglinear', 'A<0']['cos']:.4f}; {row['loglinear', 'A>0']['cos']:.4f} on A > 0)",
+                   f"Linear: {row['linear', 'all']['cos']:.4f}",
+                   f"binds on {co['stats']['loss/clipped_frac']:.3f} of the step's tokens (loglinear "
+                   f"{ll['stats']['loss/clipped_frac']:.3f}, recompute 0)",
+                   f"cosine {co['cos']:.3f} with recompute's update ({row['coupled', 'A>0']['cos']:.3f} on the A > 0 "
+                   f"tokens, {row['coupled', 'A<0']['cos']:.3f} on A < 0), KL {co['kl']:.1e}"):
+        assert normal(quoted) in text, quoted
+    recompute = row["recompute", "all"]["stats"]
+    assert all(recompute[k] == 0 for k in ("loss/clipped_frac", "loss/dual_clipped_frac", "loss/behav_capped_frac"))
+    assert all(row[arm, "all"]["cos"] == 1.0 and row[arm, "all"]["rel_err"] == 0.0
+               for arm in ("recompute-noclip", "reuse"))
