@@ -110,7 +110,8 @@ def test_bench_rollout_groups_ask_each_question_group_times_in_a_row(tiny):
 @pytest.mark.parametrize("bad, named", [(["--dtypes", "float32,float16"], "float16"), (["--batch", "0"], "--batch"),
                                         (["--trainer-dtype", "fp16"], "fp16"),
                                         (["--engines", "local,sglang"], "sglang"),
-                                        (["--engines", "local,local"], "each once"), (["--group", "3"], "--group")])
+                                        (["--engines", "local,local"], "each once"), (["--group", "3"], "--group"),
+                                        (["--device", "cuda:x"], "use auto, cpu, cuda or cuda:N")])
 def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
     res = a3po("bench", "rollout", *bad, cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and named in res.stderr, res.stderr
