@@ -92,6 +92,7 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
     body, head = linear_weights(load_policy("tiny")[0])
     assert rec["fwd_bwd_tflop"] * 1e12 == pytest.approx(6 * (body + head) * 4 * 24)  # 6 FLOPs per weight per token
     assert rec["matmul_gflops"] > 0 and rec["machine"]["cpu"]
+    assert rec["device"] == "cpu" and rec["device_name"] == rec["machine"]["cpu"]  # --device's default, named
     md = (tmp_path / "out" / "step.md").read_text()
     assert "| recompute | 1 |" in md and "| loglinear | 4 |" in md and "forward / this" in md
     assert json.loads(res.stdout.strip().splitlines()[-1])["benchmark"] == "step"

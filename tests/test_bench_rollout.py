@@ -55,6 +55,7 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
     assert rec["batch"] == 4 and rec["group"] == 2 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
     assert set(rec["matmul_gflops"]) >= {"float32", "bfloat16"} and min(rec["matmul_gflops"].values()) > 0
     assert rec["machine"]["cpu"] and isinstance(rec["machine"]["avx512_bf16"], bool)
+    assert rec["device"] == "cpu" and rec["device_name"] == rec["machine"]["cpu"]  # --device's default, named
 
 
 @pytest.mark.slow
