@@ -17,6 +17,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 from procs import a3po
 
 TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--group", "2", "--max-new-tokens", "8", "--repeats",
@@ -126,3 +127,16 @@ def test_bench_rollout_without_vllm_refuses_its_arm_in_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "--engines vllm" in res.stderr and ".venv-vllm" in res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_bench_rollout_on_a_gpu_that_is_not_there_is_refused_before_its_folder(tmp_path):
+    # in this process (a subprocess would spend seconds importing torch); the CLI prints a ConfigError as one line
+    # with exit code 2 (test_exits.py)
+    from a3po.bench import rollout
+    from a3po.bench.args import RolloutBenchArgs
+    from a3po.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--device=cuda, but this torch .* or set --device=cpu"):
+        rollout.run(RolloutBenchArgs(device="cuda", model="tiny", out=str(tmp_path / "out")).checked())
+    assert not (tmp_path / "out").exists()
