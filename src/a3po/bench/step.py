@@ -60,8 +60,9 @@ PEAK_TIMEOUT_S = 900  # one arm's memory measurement: a model load and two steps
 INTERPOLATIONS = ("loglinear", "linear")
 
 
-def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, seed: int = 0):
-    """Random trajectories, behaviour log-probs from the model itself, versions cycling over v-eta..v."""
+def fixed_batch(vocab: int, engine: TrainEngine, args: StepBenchArgs, seed: int = 0):
+    """Random trajectories, behaviour log-probs from the engine's own (initial) weights, versions cycling over
+    v-eta..v; kept on the CPU, as the trainer receives its batches."""
     g = torch.Generator().manual_seed(seed)
     v = args.eta
     trajs = []
@@ -71,7 +72,7 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
                                 output_ids=torch.randint(0, vocab, (args.output_len,), generator=g).tolist(),
                                 output_logprobs=[0.0] * args.output_len, output_versions=versions))
     batch = collate(trajs, advantages=torch.randn(args.batch, generator=g))
-    batch.logp_behav = engine.compute_logp(batch, model).cpu()  # (B, T), 0 outside the outputs
+    batch.logp_behav = engine.compute_logp(batch).cpu()  # (B, T), 0 outside the outputs
     return batch
 
 
@@ -152,7 +153,7 @@ def run(args: StepBenchArgs) -> dict:
         engine.version = args.eta  # tokens carry versions eta-2..eta: staleness 0..eta
         return engine
 
-    batch = fixed_batch(base, len(tok), fresh_engine(arms[0]), args)
+    batch = fixed_batch(len(tok), fresh_engine(arms[0]), args)  # arms[0] trains the full model: base's weights
     rate = matmul_rate(getattr(torch, dtype), device=device)
     name = device_name(device)
     flops = training_flops(base, batch.input_ids.numel())
