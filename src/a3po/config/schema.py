@@ -127,7 +127,8 @@ class LoraConfig:
 @dataclass
 class ActorConfig:
     path: str = opt("smollm2-135m-instruct",
-                    "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
+                    "model: built-in name (smollm2-135m-instruct, tiny, tiny-<hidden>x<layers> such as "
+                    "tiny-2048x16), local Hugging Face directory, or hub id")
     device: str = opt(AUTO, "where the trainer computes: cpu, cuda, cuda:N; auto = cuda when torch sees a GPU, "
                       "else cpu", **DEVICE)
     dtype: str = opt(AUTO, "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 "

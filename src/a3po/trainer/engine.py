@@ -58,7 +58,7 @@ from a3po.algo.filters import NO_FILTER, SamplingFilter
 from a3po.algo.prox import ApproxErrors
 from a3po.config.choices import Dtype
 from a3po.config.schema import ActorConfig
-from a3po.devices import resolve_dtype, torch_dtype
+from a3po.devices import resolve_dtype, synchronize, torch_dtype
 from a3po.trainer.logprobs import PolicyLogp
 from a3po.trainer.objective import loss_spec
 from a3po.trainer.optim import build_optimizer
@@ -250,8 +250,10 @@ class TrainEngine:
         # 1. Proximal log-probs that cost a forward pass of version v (of this rank's rows).
         logp_v, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
         if self.method and self.method.needs_recompute:
+            synchronize(self.device)  # each perf/ clock waits for the device's queued work (devices.py)
             t0 = time.perf_counter()
             logp_v = self.compute_logp(batch, rows=[i for rows in own for i in rows])
+            synchronize(self.device)
             stats["perf/prox_logp_s"] = time.perf_counter() - t0
 
         # 2. One optimizer step per minibatch, gradients accumulated over micro-batches. The loss
@@ -272,8 +274,10 @@ class TrainEngine:
                                              scale=p.loss_scale)
                 if p.counts:
                     pieces.append(piece)
+            synchronize(self.device)
             t_opt = time.perf_counter()
             grad_norms.append(self._optimizer_step())
+            synchronize(self.device)
             opt_s += time.perf_counter() - t_opt
         stats["perf/train_s"] = time.perf_counter() - t0
         stats["perf/optimizer_s"] = opt_s  # part of train_s: clipping, AdamW, scheduler
