@@ -647,3 +647,26 @@ def test_two_copies_of_a_study_continued_apart_join_into_the_whole_study(tmp_pat
     res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", "--join", str(tmp_path / "nowhere"), str(into)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "nowhere: no results.json there" in res.stderr
+
+
+def test_correction_arms_differ_from_their_method_only_in_the_correction_and_the_surrogate():
+    """Each arm of bench/args.py CORRECTION_ARMS, in bench staleness and bench e2e, is its proximal method's
+    arm with only actor.correction and actor.policy_loss changed, and validates where A-3PO's approximation acts."""
+    from a3po.bench import e2e
+    from a3po.bench.args import CORRECTION_ARMS, E2EArgs
+    from a3po.config import to_dict
+
+    names = list(CORRECTION_ARMS)
+    runs, skipped = plan(StalenessArgs(preset="tiny", etas=[8], minibatches=[4],
+                                       arms=["recompute", "loglinear", *names]).checked())
+    assert not skipped
+    e2e_runs = e2e.arm_configs(E2EArgs(preset="tiny", arms=["recompute", "loglinear", *names]).checked())
+    for planned, base_of in (({p.fields["arm"]: to_dict(p.cfg) for p in runs}, {"recompute": "recompute"}),
+                             ({p.key.rsplit("-seed", 1)[0]: to_dict(p.cfg) for p in e2e_runs}, {})):
+        for name, (_, method, _) in CORRECTION_ARMS.items():
+            arm, base = planned[name], planned[base_of.get(method, method)]
+            changed = {k for k in arm["actor"] if arm["actor"][k] != base["actor"][k]}
+            assert changed and changed <= {"correction", "policy_loss"}, (name, changed)
+            assert {**arm, "actor": base["actor"]} == base
+    icepop = planned["loglinear-icepop"]["actor"]["correction"]
+    assert (icepop["ratio"], icepop["mis"], icepop["mis_low"], icepop["mis_high"]) == ("current", "token", 0.5, 5)

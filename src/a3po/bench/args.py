@@ -38,14 +38,30 @@ class Engine:
 
 
 ROLLOUT_ENGINES = (Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE, Engine.VLLM)
+# The off-policy corrections and the other surrogates beside the proximal methods, the same in bench e2e and bench
+# staleness (asked for by name): name -> (label, prox_logp_method, overrides). Under loglinear the corrections read
+# the current ratio exp(theta - b), the one that sees the sampler at d <= 1 (docs/design.md, "Off-policy corrections").
+CORRECTION_ARMS = {
+    "loglinear-icepop": ("A-3PO with IcePop: tokens whose exp(theta - b) leaves [0.5, 5] dropped", "loglinear",
+                         ("actor.correction.ratio=current", "actor.correction.mis=token",
+                          "actor.correction.mis_low=0.5", "actor.correction.mis_high=5")),
+    "loglinear-geomask": ("A-3PO with geometric sequence masking: sequences whose geometric-mean exp(theta - b) "
+                          "leaves [0.99, 1.01] dropped", "loglinear",
+                          ("actor.correction.ratio=current", "actor.correction.mis=geometric",
+                           "actor.correction.mis_low=0.99", "actor.correction.mis_high=1.01")),
+    "recompute-tis": ("recompute with token TIS: the behaviour weight capped at 2", "recompute",
+                      ("actor.correction.tis=token", "actor.correction.tis_cap=2")),
+    "loglinear-cispo": ("A-3PO's proximal policy with the CISPO surrogate", "loglinear", ("actor.policy_loss=cispo",)),
+    "loglinear-sapo": ("A-3PO's proximal policy with the SAPO surrogate", "loglinear", ("actor.policy_loss=sapo",)),
+}
 ARM_NAMES = ("sync", "recompute", "loglinear", "linear", "reuse", "metrics", "lora", "ranks2", "ray",
-             "service", "lockstep")  # e2e.py's
-# these measure training modes, launchers, reward paths and repeatable runs: asked for by name
-E2E_EXTRA_ARMS = ("lora", "ranks2", "ray", "service", "lockstep")
+             "service", "lockstep", *CORRECTION_ARMS)  # e2e.py's
+# these measure training modes, launchers, reward paths, repeatable runs and corrections: asked for by name
+E2E_EXTRA_ARMS = ("lora", "ranks2", "ray", "service", "lockstep", *CORRECTION_ARMS)
 E2E_DEFAULT_ARMS = tuple(a for a in ARM_NAMES if a not in E2E_EXTRA_ARMS)
 # bench staleness's arms, defined in staleness.py; the first four run by default, the rest are asked for by name
 STALENESS_ARMS = ("coupled", "recompute", "loglinear", "reuse",
-                  "recompute-noclip", "loglinear-noclip", "loglinear-eps04", "loglinear-nodual")
+                  "recompute-noclip", "loglinear-noclip", "loglinear-eps04", "loglinear-nodual", *CORRECTION_ARMS)
 STALENESS_DEFAULT_ARMS = STALENESS_ARMS[:4]
 REFERENCE = "recompute"  # the arm bench staleness pairs every other arm of a cell with (the exact method)
 # bench staleness's baseline arm, steady-state start and the reason other arms skip eta = 0 (staleness.py)

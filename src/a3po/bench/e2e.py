@@ -24,7 +24,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from a3po.bench.args import ARM_NAMES, E2EArgs
+from a3po.bench.args import ARM_NAMES, CORRECTION_ARMS, E2EArgs
 from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, run_benchmark, summarize_run
 from a3po.bench.stub_scorer import StubScorer
 from a3po.config import ConfigError, load_config
@@ -49,6 +49,8 @@ ARMS = {a.name: a for a in (
                     "reward_service.kind=scorer", "reward_service.rule_weight=0"),
     Arm.trains_with("lockstep", "A-3PO with rollout.lockstep=true: each batch sampled whole by version k - eta, "
                     "a run repeatable from its seed (what that costs in speed)", "loglinear", "rollout.lockstep=true"),
+    *(Arm.trains_with(name, label, method, *extra, one_step=True)
+      for name, (label, method, extra) in CORRECTION_ARMS.items()),
 )}
 assert tuple(ARMS) == ARM_NAMES
 

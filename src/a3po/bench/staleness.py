@@ -25,6 +25,8 @@ Asked for by name (--arms), the separating experiments:
              them is the pipeline's, not the method's.
   loglinear-eps04   A-3PO with eps_clip = 0.4.
   loglinear-nodual  A-3PO without the dual clip (actor.c_clip = null).
+  loglinear-icepop, loglinear-geomask, recompute-tis, loglinear-cispo, loglinear-sapo
+             the off-policy corrections and the other surrogates (bench/args.py CORRECTION_ARMS).
 
 Every arm is paired with `recompute` on the same seed and held-out problems: the paired table
 gives the mean difference of final held-out accuracy and its 95 % t-interval over seeds.
@@ -46,6 +48,7 @@ from pathlib import Path
 
 from a3po.bench.args import (
     BASELINE,
+    CORRECTION_ARMS,
     NO_CLIP_BOUNDS,
     REASON_ETA0,
     REFERENCE,
@@ -81,6 +84,8 @@ ARMS = {a.name: a for a in (
     Arm.trains_with("loglinear-noclip", "loglinear, no clip, dual clip or cap", "loglinear", *NO_CLIP),
     Arm.trains_with("loglinear-eps04", "loglinear, eps_clip 0.4", "loglinear", "actor.eps_clip=0.4"),
     Arm.trains_with("loglinear-nodual", "loglinear, no dual clip", "loglinear", "actor.c_clip=null"),
+    *(Arm.trains_with(name, label, "metrics" if method == "recompute" else method, *extra)
+      for name, (label, method, extra) in CORRECTION_ARMS.items()),
 )}
 assert tuple(ARMS) == STALENESS_ARMS
 
