@@ -1,6 +1,7 @@
 """PPO updates of the tiny model on N trainer ranks, run by tests/test_parallel.py under torchrun.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/dp_run.py MODE OUT [--resume DIR] [--seeds 1,2] [--lora]
+        [--corrections]
 
 Rank 0 drives, as `a3po train` does: it optionally resumes from DIR, trains one step per seed
 on `fixed_batch(seed)`, saves a checkpoint into OUT and writes each step's statistics to
@@ -25,6 +26,10 @@ from a3po.trajectories import Trajectory, collate
 OVERRIDES = ["actor.dtype=float32", "actor.optimizer.lr=1e-3", "actor.ppo_n_minibatches=2",
              "actor.mb_spec.max_tokens_per_mb=24", "total_train_steps=4"]
 LORA = ["actor.lora.rank=4", "actor.lora.lr=1e-2"]  # --lora: adapters only
+# --corrections: a surrogate, a sequence-level mask and token TIS, whose sequences and token counts split over ranks
+CORRECTIONS = ["actor.policy_loss=cispo", "actor.correction.ratio=current", "actor.correction.mis=geometric",
+               "actor.correction.mis_low=0.98", "actor.correction.mis_high=1.02", "actor.correction.tis=token",
+               "actor.correction.tis_cap=1.05"]
 
 
 def fixed_batch(model, seed: int, n: int = 10, group: int = 5):
@@ -48,9 +53,11 @@ def main() -> None:
     ap.add_argument("--resume")
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--corrections", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = load_config(None, [*OVERRIDES, *(LORA if args.lora else []), f"cluster.data_parallel={args.mode}"])
+    cfg = load_config(None, [*OVERRIDES, *(LORA if args.lora else []), *(CORRECTIONS if args.corrections else []),
+                             f"cluster.data_parallel={args.mode}"])
     rank, world = ranks.torchrun_rank()
     model, _ = load_policy("tiny", seed=cfg.seed)
     batches = [fixed_batch(model, int(s)) for s in args.seeds.split(",")] if rank == 0 else []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dp_run import LORA, OVERRIDES, fixed_batch
+from dp_run import CORRECTIONS, LORA, OVERRIDES, fixed_batch
 from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, gone_within, steps_logged
 from safetensors.torch import load_file
 
@@ -46,8 +46,8 @@ def torchrun(mode: str, out: Path, *args: str) -> None:
     assert res.returncode == 0, res.stderr[-4000:]
 
 
-def one_process(seeds: list[int], lora_on: bool = False) -> tuple[TrainEngine, list[dict]]:
-    cfg = load_config(None, [*OVERRIDES, *(LORA if lora_on else [])])
+def one_process(seeds: list[int], lora_on: bool = False, corrections: bool = False) -> tuple[TrainEngine, list[dict]]:
+    cfg = load_config(None, [*OVERRIDES, *(LORA if lora_on else []), *(CORRECTIONS if corrections else [])])
     model, _ = load_policy("tiny", seed=cfg.seed)
     batches = [fixed_batch(model, s) for s in seeds]
     torch.manual_seed(cfg.seed)
@@ -76,11 +76,13 @@ def assert_same_state(engine: TrainEngine, ckpt: Path) -> None:
         assert float(ranked[name]["step"]) == float(own[i]["step"])
 
 
-@pytest.mark.parametrize("mode, lora_on", [("fsdp2", False), ("ddp", False), ("fsdp2", True), ("ddp", True)])
-def test_two_ranks_update_as_one_process_and_resume_on_two(tmp_path, mode, lora_on):
-    flag = ["--lora"] if lora_on else []
+# DDP without LoRA runs with off-policy corrections and CISPO: sequence masks and token-mean counts split over ranks
+@pytest.mark.parametrize("mode, lora_on, corrections", [("fsdp2", False, False), ("ddp", False, True),
+                                                        ("fsdp2", True, False), ("ddp", True, False)])
+def test_two_ranks_update_as_one_process_and_resume_on_two(tmp_path, mode, lora_on, corrections):
+    flag = ["--lora"] * lora_on + ["--corrections"] * corrections
     torchrun(mode, tmp_path / "a", "--seeds", "1", *flag)
-    engine, stats = one_process([1], lora_on)
+    engine, stats = one_process([1], lora_on, corrections)
     assert_same_state(engine, tmp_path / "a")
     ranked = json.loads((tmp_path / "a" / "stats.json").read_text())
     assert ranked[0]["train/n_tokens"] == stats[0]["train/n_tokens"]  # every rank's tokens in rank 0's statistics
@@ -88,7 +90,7 @@ def test_two_ranks_update_as_one_process_and_resume_on_two(tmp_path, mode, lora_
         assert ranked[0][key] == pytest.approx(stats[0][key], rel=1e-4, abs=1e-6), key
 
     torchrun(mode, tmp_path / "b", "--resume", str(tmp_path / "a"), "--seeds", "2", *flag)
-    engine, _ = one_process([1, 2], lora_on)
+    engine, _ = one_process([1, 2], lora_on, corrections)
     assert_same_state(engine, tmp_path / "b")  # two steps, with a save and a resume between them on 2 ranks
 
 
