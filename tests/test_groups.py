@@ -61,21 +61,24 @@ def test_completions_are_the_engines_completions_scored_by_the_reward_function(t
     assert all(busy for busy, _, _ in seen) and not runner.busy
     assert all(sampling == (pending > 0) for _, sampling, pending in seen)
     g = cfg.gconfig
+    prompts = [encode_prompt(tok, ex, cfg.train_dataset.system_prompt) for ex in data.eval]
+    alone = generate(engine_for(copy.deepcopy(model), tok), [  # the same requests, in one batch as the runner's
+        GenerationRequest(prompts[slot], g.max_new_tokens, rid=(slot, i), temperature=g.temperature, seed=seed)
+        for slot in range(2) for i, seed in enumerate(group_seeds(cfg.seed, slot, 3))])
     for group in groups:
         ex = data.eval[group.key]
-        ids = encode_prompt(tok, ex, cfg.train_dataset.system_prompt)
-        alone = generate(engine_for(copy.deepcopy(model), tok), [
-            GenerationRequest(ids, g.max_new_tokens, rid=i, temperature=g.temperature, seed=seed)
-            for i, seed in enumerate(group_seeds(cfg.seed, group.key, 3))])
         assert [len(rows) for rows in group.samples] == [1, 1, 1] and group.failures == []
-        for (t,), c in zip(group.samples, alone):
-            assert t.prompt_ids == ids and t.output_ids == c.output_ids and t.output_versions == c.output_versions
+        for i, (t,) in enumerate(group.samples):
+            c = alone[3 * group.key + i]
+            assert t.prompt_ids == prompts[group.key] and t.output_ids == c.output_ids
+            assert t.output_versions == c.output_versions
             assert t.reward == reward_fn(tok.decode(c.output_ids, skip_special_tokens=True), ex)
 
 
 def test_episodes_come_back_as_whole_groups_in_sample_order(tiny):
     model, tok = tiny
-    cfg = load_config(None, ["gconfig.max_new_tokens=6", "train_dataset.max_turns=5", "rollout.lockstep=true"])
+    cfg = load_config(None, ["gconfig.max_new_tokens=6", "train_dataset.env=retry", "train_dataset.max_turns=5",
+                             "rollout.lockstep=true"])  # the env named here is not used: Echo is
     echo = Scoring(None, EnvSpec("echo", Echo))
     examples = {"a": Example("Count to 2.", "2", 0), "b": Example("Count to 3.", "3", 1)}
     runner = build_runner(engine := engine_for(model, tok), tok, cfg, echo)

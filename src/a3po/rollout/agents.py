@@ -143,20 +143,13 @@ class AgentRunner:
     sampling = busy  # a running agent may send another request
 
     def start_group(self, key: Hashable, example: Example, seeds: list[int], greedy: bool = False) -> None:
-        self._groups.open(key, len(seeds))
-        for i, seed in enumerate(seeds):
-            self.start((key, i), example, seed, greedy)
+        for eid, seed in zip(self._groups.open(key, len(seeds)), seeds):
+            self.start(eid, example, seed, greedy)
 
     def poll_groups(self, block_s: float = 0.0) -> list[Group]:
         """Submit the requests that arrived (waiting up to block_s for one); the groups whose agents all returned."""
         self.pump(block_s)
-        out = []
-        for ep in self.poll():
-            done = self._groups.add(ep.eid, ep)
-            if done is not None:
-                out.append(Group(ep.eid[0], [e.trajectories(self.tok, self.turns.system_prompt) for e in done],
-                                 [e.failure for e in done if e.failure]))
-        return out
+        return self._groups.ended(self.poll(), lambda ep: ep.trajectories(self.tok, self.turns.system_prompt))
 
     def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
         route = secrets.token_hex(8)

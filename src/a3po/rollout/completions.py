@@ -52,10 +52,9 @@ class Completions:
         g = self.g
         ids = encode_prompt(self.tok, example, self.system_prompt)
         self.examples[key] = example
-        self.generating.open(key, len(seeds))
-        for i, seed in enumerate(seeds):
+        for rid, seed in zip(self.generating.open(key, len(seeds)), seeds):
             self.engine.submit(GenerationRequest(
-                ids, g.max_new_tokens, rid=(key, i), temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                ids, g.max_new_tokens, rid=rid, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
                 greedy=greedy, stop=tuple(g.stop), seed=seed,
             ))
 

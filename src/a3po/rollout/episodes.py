@@ -132,18 +132,12 @@ class EpisodeRunner:
     sampling = busy  # a running episode's next turn is still to come
 
     def start_group(self, key: Hashable, example: Example, seeds: list[int], greedy: bool = False) -> None:
-        self._groups.open(key, len(seeds))
-        for i, seed in enumerate(seeds):
-            self.start((key, i), example, seed, greedy)
+        for eid, seed in zip(self._groups.open(key, len(seeds)), seeds):
+            self.start(eid, example, seed, greedy)
 
     def poll_groups(self, block_s: float = 0.0) -> list[Group]:
         """The groups whose episodes have all ended (waiting up to block_s for the environment's answer)."""
-        out = []
-        for ep in self.poll(block_s):
-            done = self._groups.add(ep.eid, ep)
-            if done is not None:
-                out.append(Group(ep.eid[0], [[e.trajectory()] for e in done], [e.failure for e in done if e.failure]))
-        return out
+        return self._groups.ended(self.poll(block_s), lambda ep: [ep.trajectory()])
 
     def close(self) -> None:
         self.env.close()

@@ -21,7 +21,7 @@ episode's id otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -79,8 +79,10 @@ class Gathering:
     def __init__(self) -> None:
         self._groups: dict[Hashable, tuple[int, dict[int, Any]]] = {}
 
-    def open(self, key: Hashable, n: int) -> None:
+    def open(self, key: Hashable, n: int) -> list[tuple[Hashable, int]]:
+        """The ids of the group's n samples."""
         self._groups[key] = (n, {})
+        return [(key, i) for i in range(n)]
 
     def add(self, sample: tuple[Hashable, int], item: Any) -> list | None:
         """Add sample (key, i): the group's items in sample order once it is whole, else None."""
@@ -91,6 +93,16 @@ class Gathering:
             return None
         del self._groups[key]
         return [got[j] for j in range(n)]
+
+    def ended(self, episodes: list, rows: Callable[[Any], list[Trajectory]]) -> list[Group]:
+        """The groups that `episodes` (each with its sample id `eid` and its `failure`) complete; a sample's
+        trajectories are rows(episode)."""
+        out = []
+        for ep in episodes:
+            done = self.add(ep.eid, ep)
+            if done is not None:
+                out.append(Group(ep.eid[0], [rows(e) for e in done], [e.failure for e in done if e.failure]))
+        return out
 
     def __bool__(self) -> bool:
         return bool(self._groups)
