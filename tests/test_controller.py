@@ -253,7 +253,8 @@ def make(eta: int, *overrides: str, B: int = 2, n_samples: int = 2, clock=time.m
     data = TaskData("count", [Example(f"q{i}", str(i), i) for i in range(1000)], [])
     pool = ScriptedPool(cfg.rollout.n_workers, n_samples, **pool_kw)
     log: list[str] = []
-    ctl = Controller(cfg, pool, data, DataOrder(len(data.train), seed=0), version=0, log=log.append, clock=clock)
+    ctl = Controller(cfg, pool, data, DataOrder(len(data.train), seed=0), version=0, log=log.append, clock=clock,
+                     debug=True)  # the invariants of controller.py's docstring asserted after every change
     return pool, ctl, log
 
 
@@ -458,7 +459,7 @@ def test_on_real_worker_processes_a_killed_worker_is_replaced_and_every_slot_is_
     pool = WorkerPool(cfg, Scoring(build_reward(cfg.train_dataset, data)), weights, 0, threads=1,
                       launcher=LocalLauncher())
     log: list[str] = []
-    ctl = Controller(cfg, pool, data, DataOrder(len(data.train), cfg.seed), version=0, log=log.append)
+    ctl = Controller(cfg, pool, data, DataOrder(len(data.train), cfg.seed), version=0, log=log.append, debug=True)
     consumed = []
     try:
         pool.start()

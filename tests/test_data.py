@@ -364,11 +364,12 @@ def test_extract_final_expression(text, expected):
     assert extract_final_expression(text) == expected
 
 
-def failing_generator(monkeypatch, bad):
+def failing_generator(monkeypatch, bad, cache):
     """reasoning-gym's chain_sum, registered in its place, except that the draws i in bad(i) raise, as a generator's
-    rare bug does."""
+    rare bug does; with an empty cache (`cache`, a new folder), so that the draws are made, not read back."""
     from reasoning_gym.factory import DATASETS
 
+    monkeypatch.setenv("A3PO_CACHE", str(cache))
     real, config = DATASETS["chain_sum"]
 
     class FailsOn(real):
@@ -380,10 +381,10 @@ def failing_generator(monkeypatch, bad):
     monkeypatch.setitem(DATASETS, "chain_sum", (FailsOn, config))
 
 
-def test_a_rare_generator_failure_is_skipped_not_fatal(monkeypatch):
+def test_a_rare_generator_failure_is_skipped_not_fatal(monkeypatch, tmp_path):
     cfg = DatasetConfig(size=200)
     clean = load_task(cfg, eval_size=4, seed=1)
-    failing_generator(monkeypatch, lambda i: {30, 150})  # past the few draws the held-out split takes
+    failing_generator(monkeypatch, lambda i: {30, 150}, tmp_path)  # past the few draws the held-out split takes
     data = load_task(cfg, eval_size=4, seed=1)
     assert [e.question for e in data.eval] == [e.question for e in clean.eval]
     # the same training draws in the same order, less the two that failed
@@ -391,7 +392,43 @@ def test_a_rare_generator_failure_is_skipped_not_fatal(monkeypatch):
     assert all(q in rest for q in kept) and len(kept) == len(clean.train) - 2
 
 
-def test_a_generator_failing_often_is_a_one_line_error(monkeypatch):
-    failing_generator(monkeypatch, lambda i: {i} if i % 2 else set())  # every second draw
+def test_a_generator_failing_often_is_a_one_line_error(monkeypatch, tmp_path):
+    failing_generator(monkeypatch, lambda i: {i} if i % 2 else set(), tmp_path)  # every second draw
     msg = error_of(load_task, DatasetConfig(size=200), 4, 1)
     assert "chain_sum failed to generate" in msg and "ZeroDivisionError" in msg and "task_params" in msg
+
+
+# ---------------------------------------------------------------- draws kept on disk
+
+
+def test_kept_draws_read_back_equal_and_a_start_then_skips_reasoning_gym(monkeypatch, tmp_path):
+    """The second load reads the first one's draws (tuples in the metadata included) and, in a fresh process,
+    without importing reasoning-gym; a different seed is drawn anew."""
+    monkeypatch.setenv("A3PO_CACHE", str(tmp_path))
+    cfg = DatasetConfig(task="countdown", task_params=SMALL_PARAMS["countdown"], size=30)
+    first = load_task(cfg, eval_size=4, seed=2)
+    assert len(list((tmp_path / "tasks").glob("countdown-*.json"))) == 1
+    assert load_task(cfg, eval_size=4, seed=2) == first
+    assert isinstance(first.eval[0].meta["entry"]["metadata"]["difficulty"]["numbers"], tuple)
+    code = ("import sys; from a3po.config.schema import DatasetConfig; from a3po.data import load_task; "
+            f"cfg = DatasetConfig(task='countdown', task_params={SMALL_PARAMS['countdown']!r}, size=30); "
+            "d = load_task(cfg, 4, 2); "
+            "print(len(d.train), 'reasoning_gym' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "A3PO_CACHE": str(tmp_path)})
+    assert out.stdout.split() == [str(len(first.train)), "False"], out.stderr[-2000:]
+    assert load_task(cfg, eval_size=4, seed=3) != first
+    assert len(list((tmp_path / "tasks").glob("countdown-*.json"))) == 2
+
+
+def test_a_torn_or_unwritable_cache_never_fails_a_load(monkeypatch, tmp_path):
+    monkeypatch.setenv("A3PO_CACHE", str(tmp_path))
+    cfg = DatasetConfig(size=40)
+    first = load_task(cfg, eval_size=4, seed=1)
+    (kept,) = (tmp_path / "tasks").glob("chain_sum-*.json")
+    kept.write_text(kept.read_text()[:100])  # a crash mid-write, or a foreign file
+    assert load_task(cfg, eval_size=4, seed=1) == first
+    assert load_task(cfg, eval_size=4, seed=1) == first  # rewritten whole by the load before
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("A3PO_CACHE", str(tmp_path / "file"))
+    assert load_task(cfg, eval_size=4, seed=1) == first

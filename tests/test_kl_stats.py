@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from a3po.algo import (
+    LossSpec,
     approx_error_stats,
     approximation_errors,
     kl_in_reward,
@@ -153,12 +154,12 @@ def stats_example(fill=None):
     return theta, p, b, adv, mask, entropy
 
 
-STATS_OPTIONS = {"eps_clip": 0.2, "c_clip": 1.05, "behav_imp_weight_cap": 3.0, "behav_imp_weight_mode": "token_mask"}
+STATS_SPEC = LossSpec(eps_clip=0.2, c_clip=1.05, behav_imp_weight_cap=3.0, behav_imp_weight_mode="token_mask")
 
 
 def test_loss_stats_hand_example():
     theta, p, b, adv, mask, entropy = stats_example()
-    _, terms = ppo_loss(theta, p, b, adv, mask, **STATS_OPTIONS)
+    _, terms = ppo_loss(theta, p, b, adv, mask, STATS_SPEC)
     stats = loss_stats(terms, mask, theta, p, entropy)
     assert set(stats) == {
         "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max", "loss/clipped_frac", "loss/dual_clipped_frac",
@@ -198,7 +199,7 @@ def test_loss_stats_ignore_prompt_and_padding_positions(fill):
     dirty = stats_example(fill)
     stats = []
     for theta, p, b, adv, mask, entropy in (clean, dirty):
-        _, terms = ppo_loss(theta, p, b, adv, mask, **STATS_OPTIONS)
+        _, terms = ppo_loss(theta, p, b, adv, mask, STATS_SPEC)
         stats.append(loss_stats(terms, mask, theta, p, entropy))
     assert stats[0] == stats[1]
     assert all(math.isfinite(v) for v in stats[1].values())
@@ -208,7 +209,7 @@ def test_loss_stats_m2_dropped_frac_counts_over_the_loss_mask():
     # (b - p)^2 on the four tokens: log w^2 = 0.480453 (w = 2), 0, 0.480453 (w = 0.5), 1.921812 (w = 4)
     # mean 0.720680 > 0.5; without the 1.92: 0.960906 / 3 = 0.320302 <= 0.5 -> token (1,1) dropped
     theta, p, b, adv, mask, entropy = stats_example()
-    _, terms = ppo_loss(theta, p, b, adv, mask, m2_threshold=0.5)
+    _, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(m2_threshold=0.5))
     stats = loss_stats(terms, mask, theta, p, entropy)
     assert stats["loss/m2_dropped_frac"] == pytest.approx(0.25)
     # the other stats now run over the three kept tokens

@@ -1,8 +1,10 @@
 """The package tree follows the processes: every import points down the layers, and no module imports itself back.
 
 Layers, lowest first (a module may import its own package and any lower layer, never a higher one):
-    leaves    files, signals, allocator, child      plain helpers, no a3po imports
-    algo      the algorithm as pure functions, and every variant's name
+    leaves    files, signals, allocator, child,     plain helpers, no a3po imports
+              machine, intervals, episode_end
+    algo      the algorithm as pure functions, and every variant's name; metrics, every key it and the
+              rest of a run log (below config, whose docs.py renders them)
     config    the schema, its loader and generated docs; devices resolves its choices to torch objects
     records   data, models, trajectories            what flows between processes
     envs      environments, agents, reward services, the chat protocol: beside the rollout workers
@@ -21,9 +23,9 @@ import a3po
 
 ROOT = Path(a3po.__file__).parent
 LAYERS = [
-    {"files", "signals", "allocator", "child", "__init__"},
-    {"algo"},
-    {"config", "devices", "metrics"},
+    {"files", "signals", "allocator", "child", "machine", "intervals", "episode_end", "__init__"},
+    {"algo", "metrics"},
+    {"config", "devices"},
     {"data", "models", "trajectories"},
     {"envs", "agents", "services", "serving"},
     {"rollout", "sync", "trainer"},

@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from a3po.algo import aggregate, coupled_ppo_loss, masked_mean, masked_sum, ppo_loss
+from a3po.algo import LossSpec, aggregate, coupled_ppo_loss, masked_mean, masked_sum, ppo_loss
 from a3po.algo.loss import m2po_keep_mask
 
 F64 = torch.float64
@@ -69,7 +69,7 @@ CLIP_CASES = [
 def test_clipped_surrogate_asymmetric_hand_values():
     theta, p, b, adv = inputs([[r for _, r in CLIP_CASES]], [[a for a, _ in CLIP_CASES]])
     mask = torch.ones_like(adv, dtype=torch.bool)
-    loss, terms = ppo_loss(theta, p, b, adv, mask, eps_clip=0.2, eps_clip_higher=0.28)
+    loss, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(eps_clip=0.2, eps_clip_higher=0.28))
     expected_pg = bt([-1.1, -1.28, -0.5, 0.8, 1.5, 0.9, -2.5])
     torch.testing.assert_close(terms.pg, expected_pg)
     torch.testing.assert_close(terms.ratio, bt([r for _, r in CLIP_CASES]))
@@ -86,7 +86,7 @@ def test_clipped_surrogate_asymmetric_hand_values():
 def test_clipped_surrogate_symmetric_clips_the_upper_bound_at_1_plus_eps():
     theta, p, b, adv = inputs([[r for _, r in CLIP_CASES]], [[a for a, _ in CLIP_CASES]])
     mask = torch.ones_like(adv, dtype=torch.bool)
-    loss, terms = ppo_loss(theta, p, b, adv, mask, eps_clip=0.2)
+    loss, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(eps_clip=0.2))
     # now 1.5 -> 1.2 for A = +1 (-1.2) and 1.25 -> 1.2 for A = +2 (-2.4)
     torch.testing.assert_close(terms.pg, bt([-1.1, -1.2, -0.5, 0.8, 1.5, 0.9, -2.4]))
     assert terms.clipped.tolist() == [[False, True, False, True, False, False, True]]
@@ -102,7 +102,7 @@ def test_dual_clip_bounds_negative_advantages():
     #   (A=-2, r=4): max(8, 2.56) = 8 > -cA = 6      -> 6, dual-clipped
     theta, p, b, adv = inputs([[5.0, 2.0, 5.0, 4.0]], [[-1.0, -1.0, 1.0, -2.0]])
     mask = torch.ones_like(adv, dtype=torch.bool)
-    loss, terms = ppo_loss(theta, p, b, adv, mask, eps_clip=0.2, eps_clip_higher=0.28, c_clip=3.0)
+    loss, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(eps_clip=0.2, eps_clip_higher=0.28, c_clip=3.0))
     torch.testing.assert_close(terms.pg, bt([3.0, 2.0, -1.28, 6.0]))
     assert terms.dual_clipped.tolist() == [[True, False, False, True]]
     assert terms.clipped.tolist() == [[False, False, True, False]]
@@ -112,7 +112,7 @@ def test_dual_clip_bounds_negative_advantages():
     torch.testing.assert_close(theta.grad, bt([0.0, 0.5, 0.0, 0.0]))
 
     # without the dual clip the same tokens give 5 and 8
-    _, terms = ppo_loss(theta, p, b, adv, mask, eps_clip=0.2, eps_clip_higher=0.28)
+    _, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(eps_clip=0.2, eps_clip_higher=0.28))
     torch.testing.assert_close(terms.pg, bt([5.0, 2.0, -1.28, 8.0]))
     assert not terms.dual_clipped.any()
 
@@ -142,7 +142,7 @@ def test_behaviour_weight_is_applied_without_a_cap():
 def test_token_level_cap(mode, expected_pg, expected_loss):
     theta, p, b, adv = inputs([[1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0]], weights=[[0.5, 2.0, 4.0]])
     mask = torch.ones(1, 3, dtype=torch.bool)
-    loss, terms = ppo_loss(theta, p, b, adv, mask, behav_imp_weight_cap=3.0, behav_imp_weight_mode=mode)
+    loss, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(behav_imp_weight_cap=3.0, behav_imp_weight_mode=mode))
     torch.testing.assert_close(terms.pg, bt(expected_pg))
     torch.testing.assert_close(loss, torch.tensor(expected_loss, dtype=F64))
     assert terms.capped.tolist() == [[False, False, True]]
@@ -165,7 +165,7 @@ def test_sequence_level_cap_uses_the_geometric_mean_weight(mode, expected_pg, ex
         weights=[[0.5, 2.0, 50.0], [4.0, 9.0, 50.0]],  # the 50s are padding
     )
     mask = mt([1, 1, 0], [1, 1, 0])
-    loss, terms = ppo_loss(theta, p, b, adv, mask, behav_imp_weight_cap=3.0, behav_imp_weight_mode=mode)
+    loss, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(behav_imp_weight_cap=3.0, behav_imp_weight_mode=mode))
     torch.testing.assert_close(terms.pg, bt(*expected_pg))
     torch.testing.assert_close(loss, torch.tensor(expected_loss, dtype=F64))
     assert terms.capped.tolist() == [[False, False, False], [True, True, False]]
@@ -175,12 +175,31 @@ def test_sequence_level_cap_uses_the_geometric_mean_weight(mode, expected_pg, ex
 def test_unknown_behaviour_weight_mode_raises_when_a_cap_is_set():
     theta, p, b, adv = inputs([[1.0]], [[1.0]])
     with pytest.raises(ValueError, match="behav_imp_weight_mode"):
-        ppo_loss(theta, p, b, adv, mt([1]), behav_imp_weight_cap=2.0, behav_imp_weight_mode="token_clip")
+        ppo_loss(theta, p, b, adv, mt([1]), LossSpec(behav_imp_weight_cap=2.0, behav_imp_weight_mode="token_clip"))
     with pytest.raises(ValueError, match="behav_imp_weight_mode"):
-        ppo_loss(theta, p, b, adv, mt([1]), behav_imp_weight_cap=2.0, behav_imp_weight_mode="batch_mask")
+        ppo_loss(theta, p, b, adv, mt([1]), LossSpec(behav_imp_weight_cap=2.0, behav_imp_weight_mode="batch_mask"))
 
 
 # ----------------------------------------------------------------------------- GSPO
+
+
+@pytest.mark.parametrize("key", ["behav_imp_weight_mode", "importance_sampling_level", "agg_mode"])
+def test_a_loss_spec_with_an_unknown_variant_is_refused_when_it_is_built(key):
+    # before any step runs, and whether or not the variant would be read (no cap is set here)
+    with pytest.raises(ValueError, match="behav_imp_weight_mode|importance_sampling_level|aggregation mode"):
+        LossSpec(**{key: "nope"})
+
+
+def test_the_spec_is_the_loss_settings_whole():
+    # LossSpec() is plain PPO; the same settings as one spec or field by field give the same loss: a
+    # micro-batch's counts, the entropy and the KL stay per call. Hand values as in the asymmetric clip
+    # test: A = [1, 1, -1], r = [1.5, 0.9, 0.5] clip to [1.28, 0.9, 0.8] -> pg = [-1.28, -0.9, 0.8]
+    theta, p, b, adv = inputs([[1.5, 0.9, 0.5]], [[1.0, 1.0, -1.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    spec = LossSpec(eps_clip=0.2, eps_clip_higher=0.28)
+    assert spec.eps_high == 0.28 and LossSpec().eps_high == 0.2
+    loss, _ = ppo_loss(theta, p, b, adv, mask, spec, n_tokens=4)
+    torch.testing.assert_close(loss, torch.tensor((-1.28 - 0.9 + 0.8) / 4, dtype=F64))  # the minibatch's 4 tokens
 
 
 def test_gspo_sequence_ratio_is_shared_by_the_sequence():
@@ -189,7 +208,7 @@ def test_gspo_sequence_ratio_is_shared_by_the_sequence():
     log_r = bt([0.0, 0.2, 9.0], [0.3, -0.3, 0.06])
     theta, p, b, adv = inputs(log_r.exp().tolist(), [[1.0] * 3, [1.0] * 3])
     mask = mt([1, 1, 0], [1, 1, 1])
-    loss, terms = ppo_loss(theta, p, b, adv, mask, importance_sampling_level="sequence")
+    loss, terms = ppo_loss(theta, p, b, adv, mask, LossSpec(importance_sampling_level="sequence"))
     r0, r1 = math.exp(0.1), math.exp(0.02)
     torch.testing.assert_close(terms.ratio[:, :2], bt([r0, r0], [r1, r1]))
     torch.testing.assert_close(terms.ratio[1], torch.full((3,), r1, dtype=F64))
@@ -204,11 +223,11 @@ def test_gspo_sequence_ratio_is_shared_by_the_sequence():
 def test_gspo_clips_the_whole_sequence():
     # seq log r [0.5, 0.3] -> mean 0.4 -> r = e^0.4 = 1.4918 > 1.2: A > 0, every token clipped at -1.2
     theta, p, b, adv = inputs([[math.exp(0.5), math.exp(0.3)]], [[1.0, 1.0]])
-    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="sequence")
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), LossSpec(importance_sampling_level="sequence"))
     assert terms.clipped.tolist() == [[True, True]]
     torch.testing.assert_close(loss, torch.tensor(-1.2, dtype=F64))
     with pytest.raises(ValueError, match="importance_sampling_level"):
-        ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="batch")
+        ppo_loss(theta, p, b, adv, mt([1, 1]), LossSpec(importance_sampling_level="batch"))
 
 
 def test_gspo_gives_each_sequence_one_advantage_the_mean_of_its_tokens():
@@ -218,7 +237,7 @@ def test_gspo_gives_each_sequence_one_advantage_the_mean_of_its_tokens():
     # (per-token A under the shared ratio gave max(-1.5, -1.2) = -1.2 and max(4.5, 3.6) = 4.5: loss 1.65,
     # and gradient 3/2 * r / 2 = 1.125 on each token from the second token's term alone)
     theta, p, b, adv = inputs([[1.5, 1.5, 1.5]], [[1.0, -3.0, 99.0]])
-    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1, 0]), importance_sampling_level="sequence")
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1, 0]), LossSpec(importance_sampling_level="sequence"))
     torch.testing.assert_close(terms.pg, bt([1.5, 1.5, 0.0]))
     assert not terms.clipped.any()
     torch.testing.assert_close(loss, torch.tensor(1.5, dtype=F64))
@@ -233,8 +252,8 @@ def test_gspo_with_a_token_cap_drops_the_capped_token_before_the_sequence_mean()
     # pg = [-1 * 1.105171 * 1, 0]; the dropped token still counts in the token mean, as at token level:
     # loss = -1.105171 / 2 = -0.552585; d loss / d theta_0 = -r / 2 = -0.552585, theta_1 gets nothing
     theta, p, b, adv = inputs([[math.exp(0.1), math.exp(-0.1)]], [[1.0, 1.0]], weights=[[1.0, 4.0]])
-    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), importance_sampling_level="sequence",
-                           behav_imp_weight_cap=3.0, behav_imp_weight_mode="token_mask")
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), LossSpec(importance_sampling_level="sequence",
+                           behav_imp_weight_cap=3.0, behav_imp_weight_mode="token_mask"))
     r = math.exp(0.1)
     torch.testing.assert_close(terms.ratio, bt([r, r]))
     assert terms.capped.tolist() == [[False, True]]
@@ -286,7 +305,7 @@ def test_m2po_in_the_loss_removes_tokens_from_the_mean():
     # r = 1, A = 1, w = exp(p - b): pg = -w; threshold 0.5 drops token 1 (w = e^-2)
     theta = M2_P.clone().requires_grad_()
     adv = torch.ones_like(M2_P)
-    loss, terms = ppo_loss(theta, M2_P, M2_B, adv, M2_MASK, m2_threshold=0.5)
+    loss, terms = ppo_loss(theta, M2_P, M2_B, adv, M2_MASK, LossSpec(m2_threshold=0.5))
     assert terms.m2_dropped.tolist() == [[False, True, False, False, False]]
     assert terms.mask.tolist() == [[True, False, True, True, False]]
     # -(e^-0.1 + e^-0.1 + e^-1) / 3: the dropped token leaves the denominator too
@@ -343,23 +362,23 @@ def test_micro_batches_sum_to_the_minibatch_loss(mode, norm):
     theta0 = p + 0.3 * torch.randn(B, T, dtype=F64)
     adv = torch.randn(B, T, dtype=F64)
     mask = mt([0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0])
-    opts = {"agg_mode": mode, "agg_norm": norm, "eps_clip_higher": 0.28, "c_clip": 3.0}
+    spec = LossSpec(agg_mode=mode, agg_norm=norm, eps_clip_higher=0.28, c_clip=3.0)
 
     theta = theta0.clone().requires_grad_()
-    whole, _ = ppo_loss(theta, p, b, adv, mask, **opts)
+    whole, _ = ppo_loss(theta, p, b, adv, mask, spec)
     whole.backward()
 
     n_tokens, n_seqs = int(mask.sum()), int((mask.sum(-1) > 0).sum())  # 13 tokens, 4 sequences with tokens
     theta_m = theta0.clone().requires_grad_()
     parts = []
     for sl in (slice(0, 2), slice(2, 5)):
-        part, _ = ppo_loss(theta_m[sl], p[sl], b[sl], adv[sl], mask[sl], n_tokens=n_tokens, n_seqs=n_seqs, **opts)
+        part, _ = ppo_loss(theta_m[sl], p[sl], b[sl], adv[sl], mask[sl], spec, n_tokens=n_tokens, n_seqs=n_seqs)
         part.backward()
         parts.append(part.detach())
     torch.testing.assert_close(parts[0] + parts[1], whole.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(theta_m.grad, theta.grad, rtol=1e-12, atol=1e-12)
     # and without the minibatch counts each half would be normalised on its own: not the same
-    alone = sum(ppo_loss(theta0[sl], p[sl], b[sl], adv[sl], mask[sl], **opts)[0] for sl in (slice(0, 2), slice(2, 5)))
+    alone = sum(ppo_loss(theta0[sl], p[sl], b[sl], adv[sl], mask[sl], spec)[0] for sl in (slice(0, 2), slice(2, 5)))
     assert not torch.isclose(alone, whole.detach())
 
 
@@ -375,20 +394,20 @@ def test_entropy_bonus_and_kl_penalty_signs_and_coefficients():
     base, _ = ppo_loss(theta, p, b, adv, mask)
     torch.testing.assert_close(base, torch.tensor(-2.0, dtype=F64))
 
-    with_h, _ = ppo_loss(theta, p, b, adv, mask, entropy=entropy, entropy_coef=0.1)
+    with_h, _ = ppo_loss(theta, p, b, adv, mask, LossSpec(entropy_coef=0.1), entropy=entropy)
     torch.testing.assert_close(with_h, torch.tensor(-2.0 - 0.1 * 1.0, dtype=F64))  # a bonus lowers the loss
 
-    with_kl, _ = ppo_loss(theta, p, b, adv, mask, kl=kl, kl_coef=0.5)
+    with_kl, _ = ppo_loss(theta, p, b, adv, mask, LossSpec(kl_coef=0.5), kl=kl)
     torch.testing.assert_close(with_kl, torch.tensor(-2.0 + 0.5 * 0.3, dtype=F64))  # a penalty raises it
 
-    both, _ = ppo_loss(theta, p, b, adv, mask, entropy=entropy, entropy_coef=0.1, kl=kl, kl_coef=0.5)
+    both, _ = ppo_loss(theta, p, b, adv, mask, LossSpec(entropy_coef=0.1, kl_coef=0.5), entropy=entropy, kl=kl)
     torch.testing.assert_close(both, torch.tensor(-2.0 - 0.1 + 0.15, dtype=F64))  # -1.95
     both.backward()
     # d loss / d H_t = -coef / N = -0.1 / 2 on the tokens, 0 on padding
     torch.testing.assert_close(entropy.grad, bt([-0.05, -0.05, 0.0]))
 
     # coefficient 0 means no term, even if the tensor is given
-    zero, _ = ppo_loss(theta, p, b, adv, mask, entropy=entropy, entropy_coef=0.0, kl=kl, kl_coef=0.0)
+    zero, _ = ppo_loss(theta, p, b, adv, mask, LossSpec(entropy_coef=0.0, kl_coef=0.0), entropy=entropy, kl=kl)
     torch.testing.assert_close(zero, base)
 
 
@@ -397,7 +416,8 @@ def test_entropy_and_kl_use_the_loss_aggregation():
     theta, p, b, adv = inputs([[1.0, 1.0], [1.0, 1.0]], [[0.0, 0.0], [0.0, 0.0]])
     mask = mt([1, 1], [1, 0])
     entropy = bt([1.0, 3.0], [5.0, NAN])
-    loss, _ = ppo_loss(theta, p, b, adv, mask, agg_mode="seq-mean-token-mean", entropy=entropy, entropy_coef=1.0)
+    spec = LossSpec(agg_mode="seq-mean-token-mean", entropy_coef=1.0)
+    loss, _ = ppo_loss(theta, p, b, adv, mask, spec, entropy=entropy)
     torch.testing.assert_close(loss, torch.tensor(-3.5, dtype=F64))
 
 
@@ -431,8 +451,8 @@ def test_garbage_on_masked_out_positions_changes_nothing(options, junk):
             return torch.where(mask, x, torch.full_like(x, fill)) if fill is not None else x
 
         theta = dirty(theta0).detach().clone().requires_grad_()
-        loss, terms = ppo_loss(theta, dirty(p), dirty(b), dirty(adv), mask, entropy=dirty(entropy),
-                               entropy_coef=0.01, kl=dirty(kl), kl_coef=0.1, **options)
+        spec = LossSpec(entropy_coef=0.01, kl_coef=0.1, **options)
+        loss, terms = ppo_loss(theta, dirty(p), dirty(b), dirty(adv), mask, spec, entropy=dirty(entropy), kl=dirty(kl))
         loss.backward()
         return loss.detach(), theta.grad, terms
 
@@ -485,8 +505,8 @@ def test_default_loss_bounds_every_tokens_gradient_at_every_staleness(method):
         theta.grad = None
         p = b if method == "coupled" else proximal_logp(method, b, theta, versions, v, recomputed)
         cap = None if method == "coupled" else cfg.behav_imp_weight_cap
-        loss, _ = ppo_loss(theta, p, b, adv, mask, eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher,
-                           c_clip=c_clip, behav_imp_weight_cap=cap, behav_imp_weight_mode=cfg.behav_imp_weight_mode)
+        loss, _ = ppo_loss(theta, p, b, adv, mask, LossSpec(eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher,
+                           c_clip=c_clip, behav_imp_weight_cap=cap, behav_imp_weight_mode=cfg.behav_imp_weight_mode))
         loss.backward()
         return (theta.grad * n).abs()[0]
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from a3po.algo import (
     PROX_METHODS,
+    LossSpec,
     approximation_errors,
     coupled_ppo_loss,
     get_method,
@@ -191,11 +192,11 @@ def test_d_at_most_one_loss_and_grad_equal_coupled_ppo_exactly(method, options):
 
     theta_a = theta0.clone().requires_grad_()
     p = proximal_logp(method, b, theta_a, versions, 4)
-    loss_a, terms_a = ppo_loss(theta_a, p, b, adv, mask, **options)
+    loss_a, terms_a = ppo_loss(theta_a, p, b, adv, mask, LossSpec(**options))
     loss_a.backward()
 
     theta_b = theta0.clone().requires_grad_()
-    loss_b, terms_b = coupled_ppo_loss(theta_b, b, adv, mask, **options)
+    loss_b, terms_b = coupled_ppo_loss(theta_b, b, adv, mask, LossSpec(**options))
     loss_b.backward()
 
     assert torch.equal(loss_a, loss_b)
@@ -333,7 +334,7 @@ def test_loss_on_extreme_logps_is_finite_with_finite_grad(method, tokens, option
     p_in = torch.where(mask, p, junk)
     b_in = torch.where(mask, b, junk)
     adv_in = torch.where(mask, adv, junk)
-    loss, terms = ppo_loss(theta, p_in, b_in, adv_in, mask, **options)
+    loss, terms = ppo_loss(theta, p_in, b_in, adv_in, mask, LossSpec(**options))
     loss.backward()
     assert torch.isfinite(loss)
     assert torch.isfinite(theta.grad).all()
@@ -375,7 +376,7 @@ def _gradcheck_inputs():
 def test_gradcheck_loss_wrt_theta(name):
     theta, p, b, adv, mask = _gradcheck_inputs()
     options = GRAD_CONFIGS[name]
-    assert torch.autograd.gradcheck(lambda t: ppo_loss(t, p, b, adv, mask, **options)[0], (theta,))
+    assert torch.autograd.gradcheck(lambda t: ppo_loss(t, p, b, adv, mask, LossSpec(**options))[0], (theta,))
 
 
 @pytest.mark.parametrize("method", ["loglinear", "linear"])
@@ -409,8 +410,8 @@ def test_no_gradient_through_the_proximal_path(method):
 def test_behaviour_prox_and_advantage_get_no_gradient():
     theta, p, b, adv, mask = _gradcheck_inputs()
     p, b, adv = p.clone().requires_grad_(), b.clone().requires_grad_(), adv.clone().requires_grad_()
-    loss, _ = ppo_loss(theta, p, b, adv, mask, c_clip=3.0, behav_imp_weight_cap=1.2,
-                       behav_imp_weight_mode="token_truncate")
+    loss, _ = ppo_loss(theta, p, b, adv, mask, LossSpec(c_clip=3.0, behav_imp_weight_cap=1.2,
+                       behav_imp_weight_mode="token_truncate"))
     loss.backward()
     assert theta.grad is not None and theta.grad.abs().sum() > 0
     for leaf in (p, b, adv):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from a3po import intervals
 from a3po.bench import paired, report
 
 ROOT = Path(__file__).parent.parent
@@ -267,7 +268,7 @@ def _evals(c: Catalogue, folder: str) -> None:
     c.list([r["accuracy"] for r in records])
     c.list([later_turns(r) for r in records])
     for r in records:
-        lo, hi = report.accuracy_interval(r["solved"])
+        lo, hi = intervals.accuracy_interval(r["solved"])
         c.intervals.append((r["accuracy"], lo, hi))
         c.values += [r["accuracy"], lo, hi]
 

@@ -272,3 +272,20 @@ def test_every_no_grad_pass_of_a_step_runs_in_eval_mode_and_every_grad_pass_in_t
     eng.ppo_update(batch)
     assert (False, False) in passes and (True, True) in passes
     assert all(grad == training for grad, training in passes), passes
+
+
+def test_the_loss_spec_is_the_actor_configs_loss_settings():
+    from a3po.algo import LossSpec
+    from a3po.trainer.objective import loss_spec
+
+    spec = loss_spec(actor_cfg("actor.eps_clip_higher=0.28", "actor.m2_threshold=0.5",
+                               "actor.importance_sampling_level=sequence", "actor.loss_agg_mode=seq-mean-token-sum",
+                               "actor.loss_agg_norm=24", "actor.entropy_coef=0.01", "actor.kl_ctl=0.1"))
+    assert spec == LossSpec(eps_clip=0.2, eps_clip_higher=0.28, c_clip=3.0, behav_imp_weight_cap=5.0,
+                            behav_imp_weight_mode="token_mask", importance_sampling_level="sequence",
+                            m2_threshold=0.5, agg_mode="seq-mean-token-sum", agg_norm=24.0, entropy_coef=0.01,
+                            kl_coef=0.1)
+    # coupled PPO has w = 1: no cap (the default 5 stays in the config); a KL charged to the rewards is no
+    # term of the loss
+    coupled = loss_spec(actor_cfg("actor.use_decoupled_loss=false", "actor.kl_ctl=0.1", "actor.kl_in_reward=true"))
+    assert (coupled.behav_imp_weight_cap, coupled.m2_threshold, coupled.kl_coef) == (None, None, 0.0)

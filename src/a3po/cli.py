@@ -50,10 +50,20 @@ def keys_help() -> str:
     return "\n".join(lines)
 
 
-def bad_input(kind: str, e: Exception) -> int:
-    """Print the one line a bad input ends in and give its exit code; a wrapped library message may span lines."""
-    print(f"a3po: {kind}: {' '.join(str(e).splitlines())}", file=sys.stderr)
-    return EXIT_USAGE
+def ended(error: Exception, phase: str) -> int:
+    """Print the one line `error` ends the command in and give its exit code (pipeline/exits.py's table);
+    re-raise an error the table does not name (a bug: its traceback)."""
+    from a3po.pipeline import exits
+
+    end = exits.ending(error, phase)
+    if end is None:
+        raise error
+    return _print(end)
+
+
+def _print(end) -> int:
+    print(end.line, file=sys.stderr)
+    return end.code
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -67,8 +77,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _bench(args, argv: list[str]) -> int:
     from a3po.bench.args import from_namespace
+    from a3po.config import extras
 
     options = from_namespace(args)  # checked: a bad option is a ConfigError before anything runs
+    if options.command in ("e2e", "staleness"):  # their plots come last: missing, hours of runs would end in an error
+        extras.require("plots", f"a3po bench {options.command}")
+    if options.command == "step" and options.lora_rank:
+        extras.require("lora", f"a3po bench step --lora-rank {options.lora_rank}")
     if options.command == "step":
         from a3po.bench import step
 
@@ -97,50 +112,41 @@ def _bench(args, argv: list[str]) -> int:
 
 
 def _eval(args) -> int:
-    from a3po.config import ConfigError
-    from a3po.data import DataError
-    from a3po.models import ModelSourceError
-    from a3po.trainer.checkpoint import CheckpointError
+    from a3po.pipeline import exits
 
     if args.samples < 1:
-        return bad_input("usage error", ValueError(f"--samples {args.samples}: must be at least 1"))
+        return _print(exits.usage_error(f"--samples {args.samples}: must be at least 1"))
     with signals.deferred():
         from a3po import heldout
     try:
         return heldout.main(args.target, args.config, args.preset, args.overrides, args.samples, args.out)
-    except (ConfigError, CheckpointError) as e:
-        return bad_input("config error", e)
-    except (DataError, ModelSourceError) as e:
-        return bad_input("error", e)
+    except Exception as e:
+        return ended(e, exits.EVAL)
 
 
 def _export(args) -> int:
-    from a3po.config import ConfigError
-    from a3po.models import ModelSourceError
-    from a3po.trainer.checkpoint import CheckpointError
+    from a3po.pipeline import exits
 
     with signals.deferred():
         from a3po import export
     try:
         return export.main(args.target, args.out)
-    except (ConfigError, CheckpointError) as e:
-        return bad_input("config error", e)
-    except (ModelSourceError, ValueError) as e:
-        return bad_input("error", e)
+    except Exception as e:
+        return ended(e, exits.EXPORT)
 
 
 def _serve(args) -> int:
-    from a3po.models import ModelSourceError
+    from a3po.pipeline import exits
 
     if args.max_tokens < 1 or not 0 <= args.port < 65536:
-        return bad_input("usage error", ValueError("--max-tokens must be at least 1 and --port in 0..65535"))
+        return _print(exits.usage_error("--max-tokens must be at least 1 and --port in 0..65535"))
     with signals.deferred():
         from a3po import serve
     try:
         return serve.main(serve.ServeArgs(args.model, args.host, args.port, args.backend, args.dtype, args.device,
                                           args.max_tokens, args.name, args.seed))
-    except (ModelSourceError, ValueError, OSError) as e:
-        return bad_input("error", e)
+    except Exception as e:
+        return ended(e, exits.SERVE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,7 +253,8 @@ def _leave(code: int) -> NoReturn:
 def _main(argv: list[str] | None) -> int:
     from a3po.allocator import keep_freed_memory
     from a3po.config import ConfigError, dump_yaml, load_config
-    from a3po.trainer.checkpoint import CheckpointError, resume_config
+    from a3po.pipeline import exits
+    from a3po.trainer.checkpoint import resume_config
 
     keep_freed_memory()
     parser = build_parser()
@@ -267,8 +274,8 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "bench":
         try:
             return _bench(args, argv[2:])
-        except ConfigError as e:
-            return bad_input("config error", e)
+        except Exception as e:
+            return ended(e, exits.BENCH)
     if args.command == "eval":
         return _eval(args)
     if args.command == "export":
@@ -283,20 +290,18 @@ def _main(argv: list[str] | None) -> int:
             cfg = resume_config(args.resume, args.overrides)
         else:
             cfg = load_config(args.config, args.overrides, preset=args.preset)
-    except ConfigError as e:
-        return bad_input("config error", e)
-    except CheckpointError as e:
-        return bad_input("error", e)
+    except Exception as e:
+        return ended(e, exits.CONFIG)
     if args.command == "config":
         sys.stdout.write(dump_yaml(cfg))
         return 0
     if args.command == "train":
-        from a3po.pipeline.inputs import INPUT_ERRORS, load_inputs
+        from a3po.pipeline.inputs import load_inputs
 
         try:  # the dataset, reward, environment ...: a bad one is one line before torch's start-up
             inputs = load_inputs(cfg)
-        except INPUT_ERRORS as e:
-            return bad_input("error", e)
+        except Exception as e:
+            return ended(e, exits.INPUTS)
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
         # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
         with signals.deferred():

@@ -2,12 +2,14 @@
 
 A write that fails for lack of space, however the writing library reports it, becomes one
 DiskFullError naming the folder to free (`writing`). Leaf module (no a3po imports): the
-checkpoint writer, the metric sinks and the benchmarks share it.
+checkpoint writer, the metric sinks, `a3po eval` and the benchmarks share it.
 """
 
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -119,6 +121,28 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
     os.replace(tmp, path)
     fsync(path.parent)
+
+
+def cache_dir() -> Path:
+    """Where a3po keeps what it makes once and reuses (converted models, generated tasks): $A3PO_CACHE if set,
+    else ~/.cache/a3po."""
+    return Path(os.environ.get("A3PO_CACHE") or Path.home() / ".cache" / "a3po").expanduser()
+
+
+def write_json(path: Path, record: dict) -> None:
+    """A JSON record written whole or not at all; NaN/inf become null so any JSON reader takes it."""
+    atomic_write_text(path, json.dumps(json_safe(record), indent=1) + "\n")
+
+
+def json_safe(x):
+    """`x` with every float that is not finite replaced by None (JSON has no NaN or inf)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def umask() -> int:

@@ -19,9 +19,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from a3po.bench.common import machine, write_json
-from a3po.bench.report import accuracy_interval
-from a3po.config import Config, ConfigError, load_config, to_dict
+from a3po.config import Config, ConfigError, extras, load_config, to_dict
+from a3po.files import write_json
+from a3po.intervals import accuracy_interval
+from a3po.machine import machine
 from a3po.trainer.checkpoint import RUN_STATE, latest_checkpoint
 
 RUN_CONFIG = "config.yaml"
@@ -75,8 +76,9 @@ def evaluate(t: Target, samples: int) -> dict:
     from a3po.pipeline.evaluate import Evaluator
     from a3po.rollout.worker import Scoring
 
-    transformers.utils.logging.disable_progress_bar()
     cfg = t.cfg
+    extras.check(cfg, training=False)
+    transformers.utils.logging.disable_progress_bar()
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     scoring = Scoring(reward_fn, build_env(cfg.train_dataset, data, reward_fn), build_agent(cfg.train_dataset))

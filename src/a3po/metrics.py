@@ -19,11 +19,12 @@ import re
 from dataclasses import dataclass, fields
 from functools import cache
 
-from a3po.config.choices import EpisodeEnd
+from a3po.episode_end import EpisodeEnd
 
 # Modules that write the keys, named once here so that each entry stays one line.
 STATS = "a3po.algo.stats"
 ENGINE = "a3po.trainer.engine"
+RANKS = "a3po.trainer.parallel"
 LOOP = "a3po.pipeline.loop"
 RUN = "a3po.pipeline.run"
 EVALUATE = "a3po.pipeline.evaluate"
@@ -182,7 +183,7 @@ REGISTRY: tuple[Metric, ...] = (
        "(trainer/records.py)", "the steps listed in saver.record_steps"),
     _m("perf/train_s", "s", ENGINE, "forward, backward and optimizer steps of the update"),
     _m("perf/optimizer_s", "s", ENGINE, "the optimizer's share of `perf/train_s` (clipping, AdamW, schedule)"),
-    _m("perf/ranks_sync_s", "s", ENGINE, "gathering the whole model and the statistics on rank 0 after the update",
+    _m("perf/ranks_sync_s", "s", RANKS, "gathering the whole model and the statistics on rank 0 after the update",
        "more than one trainer rank (cluster.n_trainer_ranks > 1, or torchrun)"),
     _m("perf/weight_sync_s", "s", LOOP, "publishing the new weights, waiting for the previous load included"),
     _m("sync/published_bytes", "bytes", LOOP,

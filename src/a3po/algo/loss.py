@@ -23,6 +23,9 @@ Options beyond the plain objective:
 
 Coupled PPO/GRPO is p = b: w = 1 exactly, and `coupled_ppo_loss` spells that.
 
+Every setting above is a field of one frozen `LossSpec`, built once per run and passed whole;
+the counts a micro-batch shares with its minibatch and the entropy and KL tensors are per call.
+
 Deliberate deviations from AReaL:
 - w is applied whenever this loss runs, with or without a cap (AReaL 1.0.4 applies it only
   when a rejection-sampling filter is configured);
@@ -32,13 +35,14 @@ Deliberate deviations from AReaL:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from a3po.algo import variants
-from a3po.algo.masked import aggregate, masked_mean
+from a3po.algo.masked import AGGREGATORS, aggregate, masked_mean
 from a3po.algo.variants import implements, lookup
 
 LOG_RATIO_LIMIT = 20.0
@@ -112,6 +116,43 @@ def _per_token(x: Tensor, mask: Tensor) -> Tensor:
 IS_LEVELS = implements({"token": _per_token, "sequence": _sequence_mean}, variants.IS_LEVELS)
 
 
+@dataclass(frozen=True)
+class LossSpec:
+    """The objective's settings, fixed for a whole run: built once from the config (trainer/objective.py)
+    and passed whole, so that a new correction is one field here and one stage of `ppo_loss`, not a
+    parameter threaded through every caller. The defaults are plain PPO (no dual clip, no cap).
+
+    Each variant's name is looked up when the spec is built: a wrong one fails before any step runs."""
+
+    eps_clip: float = 0.2  # clip range below 1 (and above 1 unless eps_clip_higher is set)
+    eps_clip_higher: float | None = None  # clip range above 1; None = eps_clip
+    c_clip: float | None = None  # dual clip bound c for A < 0; None disables
+    behav_imp_weight_cap: float | None = None  # cap on w; None disables
+    behav_imp_weight_mode: str = "token_mask"  # CAP_MODES: what the cap does
+    importance_sampling_level: str = "token"  # IS_LEVELS: r and A per token or per sequence (GSPO)
+    m2_threshold: float | None = None  # M2PO's bound on the second moment of log(p/b); None disables
+    agg_mode: str = "token-mean"  # masked.AGGREGATORS: per-token losses to one number
+    agg_norm: float = 1.0  # constant divisor of seq-mean-token-sum
+    entropy_coef: float = 0.0  # entropy bonus
+    kl_coef: float = 0.0  # KL penalty to the reference, when the KL is passed in
+
+    def __post_init__(self) -> None:
+        _ = self.cap_mode, self.pool, lookup(AGGREGATORS, self.agg_mode, "loss aggregation mode")
+
+    @property
+    def cap_mode(self) -> CapMode:
+        return lookup(CAP_MODES, self.behav_imp_weight_mode, "behav_imp_weight_mode")
+
+    @property
+    def pool(self) -> Callable[[Tensor, Tensor], Tensor]:
+        """How log r and A are pooled before the surrogate: per token, or each sequence's mean."""
+        return lookup(IS_LEVELS, self.importance_sampling_level, "importance_sampling_level")
+
+    @property
+    def eps_high(self) -> float:
+        return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
+
+
 def behaviour_weight(
     logp_prox: Tensor, logp_behav: Tensor, mask: Tensor, cap: float | None, mode: CapMode
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -134,22 +175,12 @@ def ppo_loss(
     logp_behav: Tensor,  # (B, T) behaviour policy from the inference engine
     adv: Tensor,  # (B, T) per-token advantages (averaged per sequence at the sequence level)
     mask: Tensor,  # (B, T) bool, generated tokens that count
+    spec: LossSpec = LossSpec(),
     *,
-    eps_clip: float = 0.2,
-    eps_clip_higher: float | None = None,
-    c_clip: float | None = None,
-    behav_imp_weight_cap: float | None = None,
-    behav_imp_weight_mode: str = "token_mask",
-    importance_sampling_level: str = "token",
-    m2_threshold: float | None = None,
-    agg_mode: str = "token-mean",
-    agg_norm: float = 1.0,
-    n_tokens: int | None = None,
+    n_tokens: int | None = None,  # the minibatch's counts, when these rows are one micro-batch of it (masked.py)
     n_seqs: int | None = None,
     entropy: Tensor | None = None,  # (B, T) per-token entropy, with grad if it is a bonus
-    entropy_coef: float = 0.0,
     kl: Tensor | None = None,  # (B, T) per-token KL to a reference policy (see kl.py)
-    kl_coef: float = 0.0,
 ) -> tuple[Tensor, LossTerms]:
     """Scalar decoupled PPO loss and its per-token diagnostics.
 
@@ -166,41 +197,43 @@ def ppo_loss(
 
     # 1. M2PO: drop the tokens that push the second moment of log(p/b) over the threshold.
     m2_dropped = torch.zeros_like(mask)
-    if m2_threshold is not None:
-        kept = m2po_keep_mask(behav, prox, mask, m2_threshold)
+    if spec.m2_threshold is not None:
+        kept = m2po_keep_mask(behav, prox, mask, spec.m2_threshold)
         m2_dropped = mask & ~kept
         mask = kept
 
     # 2. Behaviour importance weight w = pi_prox / pi_behav, capped.
-    cap_mode = lookup(CAP_MODES, behav_imp_weight_mode, "behav_imp_weight_mode")
-    w_raw, w, capped = behaviour_weight(prox, behav, mask, behav_imp_weight_cap, cap_mode)
+    cap_mode = spec.cap_mode
+    w_raw, w, capped = behaviour_weight(prox, behav, mask, spec.behav_imp_weight_cap, cap_mode)
 
     # 3. Trust-region ratio r = pi_theta / pi_prox and advantage, per token or per sequence (GSPO). A token
     #    the cap drops on its own leaves the sequence mean too: it must not move what its neighbours train with.
-    pool = lookup(IS_LEVELS, importance_sampling_level, "importance_sampling_level")
+    pool = spec.pool
     in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
     ratio = torch.exp(pool(_safe_log_ratio(theta, prox), in_mean))
     adv = torch.where(mask, pool(adv, in_mean), zero)
 
     # 4. Clipped surrogate s_t, with the optional dual clip for negative advantages, times w_t.
-    eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
     pg_unclipped = -adv * ratio
-    pg_clipped = -adv * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
+    pg_clipped = -adv * ratio.clamp(1.0 - spec.eps_clip, 1.0 + spec.eps_high)
     pg = torch.maximum(pg_unclipped, pg_clipped)
     clipped = (pg_clipped > pg_unclipped) & mask
     dual_clipped = torch.zeros_like(mask)
-    if c_clip is not None:
-        bound = -adv * c_clip
+    if spec.c_clip is not None:
+        bound = -adv * spec.c_clip
         dual_clipped = (adv < 0) & (pg > bound) & mask
         pg = torch.where(dual_clipped, bound, pg)
     pg = pg * w
 
     # 5. Aggregate, then the optional entropy bonus and KL penalty.
-    loss = aggregate(pg, mask, agg_mode, agg_norm, n_tokens, n_seqs)
-    if entropy is not None and entropy_coef != 0.0:
-        loss = loss - entropy_coef * aggregate(entropy, mask, agg_mode, agg_norm, n_tokens, n_seqs)
-    if kl is not None and kl_coef != 0.0:
-        loss = loss + kl_coef * aggregate(kl, mask, agg_mode, agg_norm, n_tokens, n_seqs)
+    def agg(x: Tensor) -> Tensor:  # (B, T) -> ()
+        return aggregate(x, mask, spec.agg_mode, spec.agg_norm, n_tokens, n_seqs)
+
+    loss = agg(pg)
+    if entropy is not None and spec.entropy_coef != 0.0:
+        loss = loss - spec.entropy_coef * agg(entropy)
+    if kl is not None and spec.kl_coef != 0.0:
+        loss = loss + spec.kl_coef * agg(kl)
 
     terms = LossTerms(
         mask=mask,
@@ -216,7 +249,7 @@ def ppo_loss(
 
 
 def coupled_ppo_loss(
-    logp_theta: Tensor, logp_behav: Tensor, adv: Tensor, mask: Tensor, **kwargs
+    logp_theta: Tensor, logp_behav: Tensor, adv: Tensor, mask: Tensor, spec: LossSpec = LossSpec(), **per_call
 ) -> tuple[Tensor, LossTerms]:
     """Coupled PPO/GRPO: the behaviour policy is also the proximal one (p = b, w = 1)."""
-    return ppo_loss(logp_theta, logp_behav, logp_behav, adv, mask, **kwargs)
+    return ppo_loss(logp_theta, logp_behav, logp_behav, adv, mask, spec, **per_call)

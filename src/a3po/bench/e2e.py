@@ -25,10 +25,10 @@ import json
 from pathlib import Path
 
 from a3po.bench.args import ARM_NAMES, E2EArgs
-from a3po.bench.common import write_json
 from a3po.bench.runs import RESULTS, Arm, Benchmark, PlannedRun, run_benchmark, summarize_run
 from a3po.bench.stub_scorer import StubScorer
 from a3po.config import ConfigError, load_config
+from a3po.files import write_json
 
 ARMS = {a.name: a for a in (
     Arm("sync", "synchronous GRPO (eta = 0, coupled loss)",

@@ -58,7 +58,7 @@ from torch import Tensor
 from a3po.algo import staleness
 from a3po.bench.agreement import ALL, agreement, cells, d_values, dot, flat, kl_rows, only, sum_norm
 from a3po.bench.args import FIDELITY_ARMS, NO_CLIP_BOUNDS, REFERENCE, FidelityArgs
-from a3po.bench.common import json_line, machine, progress, save_report
+from a3po.bench.common import json_line, progress, save_report
 from a3po.bench.fidelity_report import markdown, summary
 from a3po.bench.runs import PlannedRun, run_one
 from a3po.config import Config, ConfigError, load_config
@@ -66,6 +66,7 @@ from a3po.config.schema import ActorConfig
 from a3po.data import load_task
 from a3po.devices import resolve_device
 from a3po.files import unique_dir
+from a3po.machine import machine
 from a3po.models import load_policy
 from a3po.pipeline.pool import split_threads
 from a3po.rollout import GenerationRequest, generate

@@ -8,8 +8,8 @@ import math
 
 from a3po.bench.args import FIDELITY_ALL as ALL
 from a3po.bench.args import FIDELITY_ARMS
-from a3po.bench.common import machine_line
 from a3po.bench.report import mean_spread
+from a3po.machine import machine_line
 
 METRICS = ("cos", "rel_norm", "rel_err", "kl")
 

@@ -18,8 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from a3po.bench.report import reading, t_interval
+from a3po.bench.report import reading
 from a3po.files import atomic_write_text
+from a3po.intervals import t_interval
 
 # what must be equal for two records to have evaluated the same problems, and the same way
 SAME_PROBLEMS = ("task", "task_params", "env", "seed", "problems")

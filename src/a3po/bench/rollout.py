@@ -69,13 +69,14 @@ from pathlib import Path
 import torch
 
 from a3po.bench.args import ROLLOUT_ENGINES, Engine, RolloutBenchArgs
-from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
+from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
 from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate
 from a3po.config import ConfigError, load_config
 from a3po.config.choices import AUTO, Dtype, Forward, WeightUpdate
 from a3po.data import Example
 from a3po.devices import native_bf16, resolve_dtype, torch_dtype
 from a3po.files import unique_dir
+from a3po.machine import machine, machine_line
 from a3po.models import ModelSourceError, load_policy
 from a3po.rollout import Completion, GenerationRequest, generate, vllm_engine
 from a3po.rollout.local import LocalEngine

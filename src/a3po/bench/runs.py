@@ -28,10 +28,10 @@ from tqdm import tqdm
 
 from a3po.algo.variants import prox_traits
 from a3po.bench.args import TrainBenchArgs
-from a3po.bench.common import machine as common_machine
 from a3po.bench.common import progress
 from a3po.config import Config, ConfigError, dump_yaml
 from a3po.files import unique_dir
+from a3po.machine import machine as common_machine
 from a3po.pipeline.sinks import HELD_OUT
 
 RESULTS = "results.json"
@@ -383,6 +383,6 @@ def machine_of(record: dict) -> dict:
 
 def machine() -> dict:
     """What the timings were measured on, as header keys of results.json: CPU model, whether it
-    computes bf16 natively, cores, torch (bench/common.py reads the CPU)."""
+    computes bf16 natively, cores, torch (a3po/machine.py reads the CPU)."""
     m = common_machine()
     return {"cpu_model": m["cpu"], "avx512_bf16": m["avx512_bf16"], "cpu_count": m["cores"], "torch": version("torch")}

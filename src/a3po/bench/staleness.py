@@ -53,7 +53,7 @@ from a3po.bench.args import (
     STEADY_AFTER,
     StalenessArgs,
 )
-from a3po.bench.common import json_line, write_json
+from a3po.bench.common import json_line
 from a3po.bench.report import approx_quality, mean_spread, paired_differences
 from a3po.bench.runs import (
     RESULTS,
@@ -68,7 +68,7 @@ from a3po.bench.runs import (
     training_steps,
 )
 from a3po.config import Config, ConfigError, load_config
-from a3po.files import atomic_write_text
+from a3po.files import atomic_write_text, write_json
 
 NO_CLIP = tuple(  # as overrides
     f"actor.{key}={'null' if x is None else format(x, 'g')}" for key, x in NO_CLIP_BOUNDS.items())

@@ -41,11 +41,12 @@ import torch
 from a3po.algo import proximal_logp
 from a3po.algo.variants import prox_traits
 from a3po.bench.args import StepBenchArgs
-from a3po.bench.common import fmt_s, machine, machine_line, print_report, progress, save_report, spread
+from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
 from a3po.bench.flops import MATMUL_SIZE, matmul_rate, training_flops
 from a3po.config import load_config
 from a3po.devices import resolve_dtype
 from a3po.files import unique_dir
+from a3po.machine import machine, machine_line
 from a3po.models import load_policy
 from a3po.pipeline.pool import split_threads
 from a3po.trainer.engine import TrainEngine

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from a3po.bench.args import SyncBenchArgs
-from a3po.bench.common import machine, machine_line, print_report, progress, save_report, spread
+from a3po.bench.common import print_report, progress, save_report, spread
+from a3po.machine import machine, machine_line
 
 
 def _copy_into(own: dict, tensors: dict) -> None:

@@ -71,16 +71,6 @@ class DpMode:
     CHOICES = (FSDP2, DDP)
 
 
-class EpisodeEnd:
-    """Why a multi-turn episode ended (its trajectory's finish_reason, the episode/finish/<reason> metrics)."""
-
-    DONE = "done"  # the environment said so
-    MAX_TURNS = "max_turns"  # train_dataset.max_turns model turns
-    CONTEXT = "context"  # the next observation would not fit train_dataset.max_context_tokens
-    ENV_ERROR = "env_error"  # the environment raised, hung or returned the wrong type
-    CHOICES = (DONE, MAX_TURNS, CONTEXT, ENV_ERROR)
-
-
 class ServiceKind:
     """reward_service.kind: a reward from a model behind HTTP (a3po/rewards/)."""
 

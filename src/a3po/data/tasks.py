@@ -24,6 +24,7 @@ from typing import Any
 
 from a3po.config.load import suggest
 from a3po.config.schema import DatasetConfig
+from a3po.data import generated
 
 PROCEDURAL_TASKS = ("chain_sum", "basic_arithmetic", "gsm_symbolic", "countdown")
 FILE_TASK = "file"
@@ -96,6 +97,10 @@ def _load_procedural(task: str, params: dict, size: int, eval_size: int, seed: i
         if reserved in params:
             raise DataError(f"train_dataset.task_params.{reserved} is set by a3po "
                             f"(seed, train_dataset.size); remove it")
+    name = generated.key(task, params, seed, size, eval_size)
+    kept = generated.load(name)
+    if kept is not None:
+        return TaskData(task, _examples(kept[0]), _examples(kept[1]))
     max_draws = 20 * eval_size + 1000
     eval_draws = _generator(task, params, derived_seed(seed, "eval"), max_draws)
     eval_entries, seen = [], set()
@@ -116,6 +121,7 @@ def _load_procedural(task: str, params: dict, size: int, eval_size: int, seed: i
     if not train_entries:
         raise DataError(f"all {size} training draws of {task} are held-out questions: the problem space is too small; "
                         f"widen train_dataset.task_params or lower evaluator.size")
+    generated.keep(name, train_entries, eval_entries)
     return TaskData(task, _examples(train_entries), _examples(eval_entries))
 
 

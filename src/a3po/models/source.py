@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from a3po.files import plain_modes
+from a3po.files import cache_dir, plain_modes
 from a3po.models.tiny import tiny_policy
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -51,11 +51,6 @@ ACCEPTED = (f"accepted: 'tiny', 'tiny-<hidden>x<layers>', '{SMOLLM2}', a local H
 
 class ModelSourceError(ValueError):
     """A model source that cannot be loaded, with a one-line message saying how to fix it."""
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $A3PO_CACHE if set, else ~/.cache/a3po."""
-    return Path(os.environ.get("A3PO_CACHE") or Path.home() / ".cache" / "a3po").expanduser()
 
 
 def load_policy(path: str, *, dtype: torch.dtype = torch.float32,

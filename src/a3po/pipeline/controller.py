@@ -36,6 +36,21 @@ so the trainer must not overwrite it meanwhile: its acknowledged version is -2 u
 Ready arrives (wait_loaded waits for it), and a restart is put off while the trainer is
 between wait_loaded and publish, writing the buffer. After rollout.max_worker_restarts
 replacements, the next failure stops the run.
+
+Invariants (`check_invariants`, asserted after every change of state when the controller is made
+with debug=True, as tests/test_controller.py makes it; tests/test_controller_schedules.py runs them
+over generated schedules of losses, refills and lockstep):
+    I1  admission never ran past the bound: next_slot <= (published + eta + 1) * B
+    I2  every admitted slot not yet taken by the trainer is in exactly one place: in flight, finished
+        (the buffer), or queued for a refill; and it keeps the data position it was first admitted at
+        (so resume_cursor is the first example of a group not trained on)
+    I3  admission counts as running exactly the groups in flight
+    I4  a worker lost and not yet replaced, or replaced and not yet Ready, acknowledges NOT_LOADED, and
+        only such a worker does; every other acknowledged version is at most the published one
+    I5  while the trainer writes the buffer (wait_loaded .. publish) no worker that reads it is older
+        than published - 1, the version the buffer's other half holds
+    I6  lockstep: a group is in flight on the worker its slot routes it to
+    I7  restarts never exceed rollout.max_worker_restarts
 """
 
 from __future__ import annotations
@@ -98,10 +113,11 @@ class Snapshot:
 
 class Controller:
     def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int, log=print,
-                 clock=time.monotonic):
+                 clock=time.monotonic, debug: bool = False):
         """`pool` is a pipeline/pool.py WorkerPool or anything with its interface; `clock` (seconds) times the
-        stall and restart timeouts."""
+        stall and restart timeouts; `debug` asserts the invariants of the module docstring after every change."""
         self.cfg, self.pool, self.data, self.order, self.log, self.clock = cfg, pool, data, order, log, clock
+        self.debug = debug
         self.B = cfg.train_dataset.batch_size
         self.lockstep = cfg.rollout.lockstep
         self.admission = Admission(self.B, cfg.rollout.max_head_offpolicyness, max_running_groups(cfg), version,
@@ -152,6 +168,7 @@ class Controller:
                 self._refills.pop(s, None)
             filtered, self._filtered = self._filtered, 0
             dropped, self._dropped = self._dropped, 0
+            self._checked()
         return Collected(groups, time.perf_counter() - t0, filtered, dropped)
 
     def wait_loaded(self, version: int) -> None:
@@ -159,6 +176,7 @@ class Controller:
         with self._cond:
             self._wait(lambda: min(self._acked) >= version, f"the workers to load weights v{version}")
             self._writing = True
+            self._checked()
 
     def wait_sampled(self, batch: int) -> None:
         """Block until every group of batches <= `batch` is finished (lockstep: the weights that sample them may
@@ -174,6 +192,7 @@ class Controller:
             self.pool.load_weights(version)
             self._published = version
             self._writing = False
+            self._checked()
             self._cond.notify_all()
 
     def snapshot(self) -> Snapshot:
@@ -206,6 +225,34 @@ class Controller:
                                   f"for {what}; a worker is stuck (raise rollout.stall_timeout_s if it is only slow)")
             self._cond.wait(timeout=0.5)
 
+    # -- the invariants (module docstring) ----------------------------------------------------
+
+    def _checked(self) -> None:
+        if self.debug:
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Assert I1-I7 of the module docstring; call with the lock held (or with no thread running)."""
+        adm, B = self.admission, self.B
+        assert adm.next_slot <= (self._published + adm.eta + 1) * B, ("I1", adm.next_slot, self._published)
+        inflight, done, refills = set(self._inflight), set(self._done), adm.refills
+        places = [*inflight, *done, *refills]
+        assert len(places) == len(set(places)), ("I2: a slot in two places", self._inflight.keys(), done, refills)
+        assert set(places) == set(self._slot_cursor), ("I2: a slot lost or kept", places, self._slot_cursor.keys())
+        assert all(s < adm.next_slot for s in places), ("I2: a slot never admitted", places, adm.next_slot)
+        assert adm.running == len(inflight), ("I3", adm.running, len(inflight))
+        waiting = set(self._replace) | set(self._restarted_at)
+        for w, acked in enumerate(self._acked):
+            assert (acked == NOT_LOADED) <= (w in waiting), ("I4: NOT_LOADED but not being replaced", w)
+            assert (acked == NOT_LOADED) >= (w in self._replace), ("I4: lost but acknowledging", w, acked)
+            assert acked <= self._published, ("I4: ahead of the published version", w, acked, self._published)
+            if self._writing and acked != NOT_LOADED:
+                assert acked >= self._published - 1, ("I5", w, acked, self._published)
+        if self.lockstep:
+            for slot, (w, _) in self._inflight.items():
+                assert w == self._route(slot), ("I6", slot, w)
+        assert self.restarts <= self.cfg.rollout.max_worker_restarts, ("I7", self.restarts)
+
     # -- the controller thread --------------------------------------------------------------
 
     def _run(self) -> None:
@@ -216,10 +263,12 @@ class Controller:
                         self._lost(i, why)
                     self._replace_lost()
                     self._admit()
+                    self._checked()
                 msg = self.pool.receive(timeout=POLL_S)
                 if msg is not None:
                     with self._cond:
                         self._handle(msg)
+                        self._checked()
                         self._cond.notify_all()
         except BaseException as e:  # handed to the trainer, which stops the run with it
             with self._cond:

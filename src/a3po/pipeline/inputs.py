@@ -1,6 +1,6 @@
 """What a run reads before it starts anything, loaded and checked before torch is imported.
 
-A wrong dataset file, reward, environment, agent, reward service, logging backend or launcher is
+A wrong dataset file, reward, environment, agent, reward service, logging backend, launcher or missing extra is
 the commonest bad input. Checked here, its one-line error comes at once instead of after torch's
 start-up (seconds), and the run goes on with what was loaded instead of loading it twice.
 """
@@ -10,16 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from a3po.agents import build_agent
-from a3po.config import Config, ConfigError
-from a3po.data import DataError, RewardFn, TaskData, build_reward, load_task
+from a3po.config import Config, ConfigError, extras
+from a3po.data import RewardFn, TaskData, build_reward, load_task
 from a3po.data.rewards import Imported
 from a3po.envs import EnvSpec, build_env
 from a3po.launch import check as check_launcher
 from a3po.pipeline.sinks import check_backends
 from a3po.services import ServiceConfigError, check_service
-
-# what load_inputs raises on bad input: each is one line for the user
-INPUT_ERRORS = (ConfigError, DataError)
 
 
 @dataclass
@@ -33,6 +30,7 @@ class RunInputs:
 def load_inputs(cfg: Config) -> RunInputs:
     check_backends(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     check_launcher(cfg)
+    extras.check(cfg)
     data = load_task(cfg.train_dataset, cfg.evaluator.size, cfg.seed)
     reward_fn = build_reward(cfg.train_dataset, data)
     try:

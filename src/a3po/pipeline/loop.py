@@ -27,9 +27,10 @@ import torch
 
 from a3po.algo import kl_in_reward, masked_mean, normalize_advantages, shape_rewards, staleness_stats
 from a3po.config import Config
-from a3po.config.choices import EpisodeEnd, ServiceKind
+from a3po.config.choices import ServiceKind
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
+from a3po.episode_end import EpisodeEnd
 from a3po.pipeline.controller import Controller, Snapshot
 from a3po.pipeline.pool import WorkerPool
 from a3po.trainer.engine import TrainEngine

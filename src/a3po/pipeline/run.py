@@ -1,4 +1,4 @@
-"""`a3po train`: set up a run, drive the training loop, keep what it produced.
+"""`a3po train`: a built run (pipeline/build.py) driven step by step, and what it produced kept.
 
 A run directory (RUN_DIR = <fileroot>/<experiment_name>, suffixed -2, -3, ... if taken)
 holds config.yaml (the resolved configuration), metrics.jsonl (one line per step),
@@ -6,10 +6,9 @@ tb/ (TensorBoard) and checkpoints/ (Hugging Face format plus resume state).
 `a3po train --resume RUN_DIR` reloads its config and newest checkpoint and continues with
 the same step count, version, optimizer, scheduler, RNG and data position.
 
-Exit codes: 0 done, 1 failed during training or no space left to write the run (one line;
-last checkpoint intact), 2 bad configuration, resume folder, data or model (one line), 130
-SIGINT (Ctrl-C) and 143 SIGTERM (one line; workers stopped, last checkpoint intact).
-docs/operations.md "Exit codes" is the table users read.
+Every way a run ends is an exit code and, unless it finished, one line on stderr: the table of
+pipeline/exits.py (0 done, 1 failed during training or no space left, 2 bad input, 130 SIGINT,
+143 SIGTERM), which docs/operations.md "Exit codes" renders for users.
 """
 
 from __future__ import annotations
@@ -18,77 +17,23 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import transformers
 from tqdm import tqdm
 
 from a3po import signals
-from a3po.config import Config, ConfigError, dump_yaml, to_dict
-from a3po.config.choices import Backend, Launcher
-from a3po.data import DataError
-from a3po.data.order import DataOrder
-from a3po.devices import resolve_device
-from a3po.files import DiskFullError, atomic_write_text, causes, no_space, unique_dir, writing
-from a3po.launch import make_launcher
-from a3po.models import ModelSourceError, load_policy
-from a3po.pipeline.cores import CoreLender, lends_cores
-from a3po.pipeline.evaluate import Evaluation, Evaluator
-from a3po.pipeline.inputs import RunInputs, load_inputs
-from a3po.pipeline.loop import RewardFailureError, StalenessError, Trainer
-from a3po.pipeline.pool import WorkerError, WorkerPool, split_threads
+from a3po.config import Config
+from a3po.files import writing
+from a3po.pipeline import exits
+from a3po.pipeline.build import Run, build_run, say
+from a3po.pipeline.evaluate import Evaluation
+from a3po.pipeline.exits import Ending, Progress
+from a3po.pipeline.inputs import RunInputs
+from a3po.pipeline.pool import split_threads
 from a3po.pipeline.progress import ProgressBar
-from a3po.pipeline.sinks import HELD_OUT, METRICS, Sinks, read_metrics
-from a3po.rollout import vllm_engine
-from a3po.rollout.prompts import ChatTurns, TemplateError
-from a3po.rollout.worker import Scoring
-from a3po.signals import Stopped
-from a3po.trainer import parallel, ranks
-from a3po.trainer.checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
-from a3po.trainer.checkpoint import resume as resume_checkpoint
-from a3po.trainer.engine import TrainEngine
-
-USER_ERRORS = (ConfigError, DataError, ModelSourceError, CheckpointError)
-TRAINING_ERRORS = (WorkerError, RewardFailureError, StalenessError, FloatingPointError)
-
-
-def new_run_dir(cfg: Config) -> Path:
-    return unique_dir(Path(cfg.fileroot) / cfg.experiment_name)
-
-
-def say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-@dataclass
-class Progress:
-    """How far a run got: what the one line printed when it stops early reports."""
-
-    run_dir: Path | None = None
-    step: int = 0
-    training: bool = False  # start-up is over: the progress bar is up
-    workers: bool = False  # rollout workers were started (so the clean-up stopped them)
-
-    def where(self) -> str:
-        return f"at step {self.step}" if self.training else "during start-up"
-
-    def checkpoint_part(self) -> str:
-        ckpt = latest_checkpoint(self.run_dir) if self.run_dir is not None else None
-        return (f"last checkpoint {ckpt} (continue with: a3po train --resume {self.run_dir})" if ckpt
-                else "no checkpoint yet")
-
-    def stopped_line(self, stop: Stopped) -> str:
-        parts = [f"a3po: interrupted by {stop.name} {self.where()}"]
-        if self.workers:
-            parts.append("rollout workers stopped")
-        parts.append(self.checkpoint_part())
-        return "; ".join(parts)
-
-    def disk_full_line(self, full: DiskFullError) -> str:
-        return (f"a3po: error: {full} {self.where()}; free space there, or set fileroot=<a folder with room> "
-                f"for a new run; {self.checkpoint_part()}")
+from a3po.pipeline.sinks import HELD_OUT, METRICS, read_metrics
+from a3po.trainer import ranks
+from a3po.trainer.checkpoint import save_checkpoint
 
 
 def train(cfg: Config, resume: str | None = None, inputs: RunInputs | None = None) -> int:
@@ -104,154 +49,67 @@ def train(cfg: Config, resume: str | None = None, inputs: RunInputs | None = Non
     try:
         return _train(cfg, resume, progress, inputs)
     except (Exception, KeyboardInterrupt) as e:
-        stop = signals.stop_behind(e)
-        if stop is not None:
-            say(progress.stopped_line(stop))
-            return stop.exit_code
-        full = _disk_full(e, progress.run_dir or Path(cfg.fileroot))
-        if full is not None:
-            say(progress.disk_full_line(full))
-            return 1
-        if isinstance(e, USER_ERRORS):
-            say(f"a3po: error: {' '.join(str(e).splitlines())}")  # one line even when a library's message is not
-            return 2
-        if isinstance(e, TRAINING_ERRORS):
-            say(f"a3po: training stopped at step {progress.step}: {e}")
-            return 1
-        lost = ranks.lost_rank(e)
-        if lost is not None:
-            resume = f"; continue with: a3po train --resume {progress.run_dir}" if progress.run_dir else ""
-            say(f"a3po: training stopped at step {progress.step}: {lost}{resume}")
-            return 1
-        raise  # a bug: its traceback
+        end = _ending(e, progress, Path(cfg.fileroot))
+        if end is None:
+            raise  # a bug: its traceback
+        say(end.line)
+        return end.code
 
 
-def _disk_full(error: BaseException, folder: Path) -> DiskFullError | None:
-    """The full disk `error` comes of, if it does: the DiskFullError in its chain (a later error in
-    the clean-up, such as closing a file whose write failed, can stand in front of it), else one
-    naming `folder` for a write that `files.writing` did not wrap."""
-    found = next((e for e in causes(error) if isinstance(e, DiskFullError)), None)
-    if found is not None:
-        return found
-    code = no_space(error)
-    return DiskFullError(code, "the run", folder) if code is not None else None
-
-
-def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int]:
-    """(run directory, first step, data cursor): a new directory, or the resumed one with its checkpoint loaded."""
-    if not resume:
-        return new_run_dir(cfg), 0, 0
-    run_dir = Path(resume)
-    ckpt, state = resume_checkpoint(run_dir, engine, warn=say)
-    say(f"a3po: resuming {run_dir} from {ckpt.name} (step {state['step']})")
-    return run_dir, state["step"], state["data_cursor"]
+def _ending(error: BaseException, progress: Progress, fileroot: Path) -> Ending | None:
+    """A stop signal first (any error once one arrived is part of the stop), then a full disk, then the table's
+    rows for a running run, then a trainer rank that stopped answering."""
+    stop = signals.stop_behind(error)
+    if stop is not None:
+        return Ending(stop.exit_code, progress.stopped_line(stop))
+    full = exits.disk_full(error, progress.run_dir or fileroot)
+    if full is not None:
+        return Ending(exits.FAILED, progress.disk_full_line(full))
+    end = exits.ending(error, exits.RUN, progress.step)
+    if end is not None:
+        return end
+    lost = ranks.lost_rank(error)
+    if lost is not None:
+        resume = f"; continue with: a3po train --resume {progress.run_dir}" if progress.run_dir else ""
+        return Ending(exits.FAILED, f"a3po: training stopped at step {progress.step}: {lost}{resume}")
+    return None
 
 
 def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInputs | None) -> int:
     t_start = time.perf_counter()
-    transformers.utils.logging.disable_progress_bar()  # our own bar is the one to watch
-    # Setup: everything that can fail on bad input fails here, before any process starts.
-    inputs = inputs or load_inputs(cfg)  # `a3po train` loaded them before importing torch
-    data = inputs.data
-    device = ranks.rank_device(cfg.actor.device, 0)
-    rollout_device = resolve_device(cfg.rollout.device, "rollout.device")  # here: a worker's error comes later
-    if cfg.rollout.backend == Backend.VLLM and not vllm_engine.installed():
-        raise ConfigError(vllm_engine.MISSING)
-    scoring = Scoring(inputs.reward_fn, inputs.env, inputs.agent)
-    model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
-    if scoring.env is not None:
-        try:  # a template that cannot extend an episode by appending fails here, not in every worker
-            ChatTurns(tok).observation("ok", "user", inline=False, ended_by_eos=True)
-        except TemplateError as e:
-            raise ConfigError(f"actor.path={cfg.actor.path}: {e}") from None
-    per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
-    world, by_torchrun = ranks.world_size(cfg)
-    if device.type == "cuda" and cfg.cluster.launcher == Launcher.LOCAL and not by_torchrun:
-        ranks.check_rank_gpus(cfg.actor.device, world, torch.cuda.device_count())
-    finished = False
-    # Clean-up in reverse order of creation, however the block is left: error, signal or the end.
-    with contextlib.ExitStack() as cleanup:
-        dp = None
-        spawned = 0 if by_torchrun else world - 1  # ranks the launcher starts
-        launcher = make_launcher(cfg, spawned, per_worker, trainer_threads)
-        cleanup.callback(launcher.close)
-        if world > 1:
-            addr = None if by_torchrun else launcher.host()  # torchrun set MASTER_ADDR and MASTER_PORT
-            port = None if by_torchrun else parallel.free_port(addr)
-            followers = ranks.start_followers(launcher, cfg, world, addr, port, trainer_threads) if spawned else []
-            cleanup.callback(parallel.close)
-            cleanup.callback(lambda: ranks.end_followers(followers, dp, finished))
-            dp = parallel.init(0, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, addr=addr,
-                               port=port)
-        engine = ranks.build_engine(cfg, model, device, dp)
-        signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
-
-        run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
-        progress.run_dir, progress.step = run_dir, start_step
-        with writing("config.yaml", run_dir):
-            atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
-        order = DataOrder(len(data.train), cfg.seed, cursor)
-
-        say(f"a3po: run directory {run_dir}")
-        say(f"a3po: {len(data.train)} training / {len(data.eval)} held-out examples of {data.name}; "
-            f"model {cfg.actor.path} ({engine.dtype} on {device}"
-            f"{f', {world} ranks, {cfg.cluster.data_parallel}' if world > 1 else ''}); "
-            f"{cfg.rollout.n_workers} rollout worker(s) x {per_worker} thread(s), trainer {trainer_threads}"
-            f"{f'; Ray actors on {launcher.where}' if launcher.name == 'ray' else ''}")
-        step = start_step
-        weights = launcher.weights(engine.weights())
-        pool = WorkerPool(cfg, scoring, weights, engine.version, per_worker, launcher)
-        cleanup.callback(pool.close)
-        progress.workers = True
-        pool.start()
-        lendable = cfg.rollout.n_workers * per_worker if lends_cores(cfg, rollout_device) else 0
-        lender = CoreLender(trainer_threads, lendable, pool.idle)
-        for m in (engine.model, engine.ref_model):
-            if m is not None:
-                lender.attach(m)
-        trainer = Trainer(cfg, engine, pool, weights, data, order, tok.pad_token_id,
-                          log=lambda line: tqdm.write(line, file=sys.stderr), run_dir=run_dir)  # above the bar
-        cleanup.callback(trainer.close)
-        evaluate = Evaluator(cfg, scoring)
-        cleanup.callback(evaluate.close)
-        sinks = Sinks(run_dir, cfg.logging.tensorboard, cfg.logging.wandb, cfg.logging.wandb_project,
-                      to_dict(cfg), resume_step=start_step if resume else None)
-        cleanup.callback(sinks.close)
-        if not resume and cfg.evaluator.initial:
+    with contextlib.ExitStack() as stack:  # closes what was built in reverse, however the block is left
+        run = build_run(cfg, resume, inputs, progress, stack)
+        if not run.resumed and cfg.evaluator.initial:
             say("a3po: evaluating the initial policy on the held-out split ...")
-            t0 = time.perf_counter()
-            first = _evaluated(evaluate(engine.sampling_model(), tok, data.eval), run_dir, 0)
-            first["perf/eval_s"] = time.perf_counter() - t0
-            sinks.log(0, first)
-        pool.wait_ready(cfg.rollout.stall_timeout_s)
-        bar = ProgressBar(total=cfg.total_train_steps, initial=start_step, file=sys.stderr)
-        cleanup.callback(bar.close)  # first to run: whatever is printed next starts a line of its own
+            run.sinks.log(0, _evaluation(run, 0))
+        run.pool.wait_ready(cfg.rollout.stall_timeout_s)
+        bar = stack.enter_context(contextlib.closing(  # first to close: what is printed next starts a line
+            ProgressBar(total=cfg.total_train_steps, initial=run.start_step, file=sys.stderr)))
         progress.training = True
         warned_cut = False
-        last_acc = next((r["eval/accuracy"] for r in reversed(read_metrics(sinks.path))  # a resumed run's too
+        last_acc = next((r["eval/accuracy"] for r in reversed(read_metrics(run.sinks.path))  # a resumed run's too
                          if r.get("eval/accuracy") is not None), None)
+        step = run.start_step
         while step < cfg.total_train_steps:
             signals.check()
-            stats = trainer.step()
-            step = progress.step = engine.version
+            stats = run.trainer.step()
+            step = progress.step = run.engine.version
             if cfg.evaluator.freq_steps and (step % cfg.evaluator.freq_steps == 0 or step == cfg.total_train_steps):
-                t0 = time.perf_counter()
-                stats.update(_evaluated(evaluate(engine.sampling_model(), tok, data.eval), run_dir, step))
-                stats["perf/eval_s"] = time.perf_counter() - t0
+                stats.update(_evaluation(run, step))
                 last_acc = stats["eval/accuracy"]
-            stats["perf/borrowed_frac"] = lender.borrowed_frac()
+            stats["perf/borrowed_frac"] = run.lender.borrowed_frac()
             if not warned_cut and stats["rollout/truncated_frac"] > TRUNCATED_WARN:
                 warned_cut = True  # once a run: the share is in metrics.jsonl for every step
                 tqdm.write(truncation_warning(stats["rollout/truncated_frac"], step, cfg.gconfig.max_new_tokens),
                            file=sys.stderr)
-            sinks.log(step, stats)
+            run.sinks.log(step, stats)
             if step == cfg.total_train_steps or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
-                _checkpoint(run_dir, step, engine, tok, trainer, cfg.saver.keep_last)
+                _checkpoint(run, step)
             bar.show(_facts(stats, last_acc))
             bar.update(1)
-        finished = True
+        progress.finished = True
     # the whole run's records, a resumed run's from before its resume included (its step-0 evaluation first)
-    print(summary(read_metrics(run_dir / METRICS), run_dir, time.perf_counter() - t_start))
+    print(summary(read_metrics(run.run_dir / METRICS), run.run_dir, time.perf_counter() - t_start))
     return 0
 
 
@@ -264,20 +122,23 @@ def truncation_warning(frac: float, step: int, max_new_tokens: int) -> str:
             f"gconfig.max_new_tokens (or ask for shorter answers with train_dataset.system_prompt)")
 
 
-def _evaluated(ev: Evaluation, run_dir: Path, step: int) -> dict[str, float]:
-    """The evaluation's metrics, once its per-example results are appended to the run's HELD_OUT file."""
-    with writing(HELD_OUT, run_dir), open(run_dir / HELD_OUT, "a") as f:
+def _evaluation(run: Run, step: int) -> dict[str, float]:
+    """The held-out evaluation of the policy at `step`: its metrics and how long it took, once its per-example
+    results are appended to the run's HELD_OUT file."""
+    t0 = time.perf_counter()
+    ev: Evaluation = run.evaluate(run.engine.sampling_model(), run.tok, run.data.eval)
+    with writing(HELD_OUT, run.run_dir), open(run.run_dir / HELD_OUT, "a") as f:
         f.write(json.dumps({"step": step, "solved": ev.solved}) + "\n")
-    return ev.metrics
+    return {**ev.metrics, "perf/eval_s": time.perf_counter() - t0}
 
 
-def _checkpoint(run_dir: Path, step: int, engine: TrainEngine, tok, trainer: Trainer, keep: int) -> None:
+def _checkpoint(run: Run, step: int) -> None:
     """A checkpoint once begun is finished, a stop signal taking effect after it: leaving one
     half-written would waste the work, and a half-updated `latest` pointer would break --resume."""
     with signals.deferred():
-        save_checkpoint(run_dir, step, engine, tok, {
-            "step": step, "version": engine.version, "data_cursor": trainer.resume_cursor(),
-        }, keep=keep)
+        save_checkpoint(run.run_dir, step, run.engine, run.tok, {
+            "step": step, "version": run.engine.version, "data_cursor": run.trainer.resume_cursor(),
+        }, keep=run.cfg.saver.keep_last)
 
 
 def _facts(stats: dict, acc: float | None) -> list[str]:

@@ -37,8 +37,8 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from a3po.config.choices import EpisodeEnd
 from a3po.data import Example
+from a3po.episode_end import EpisodeEnd
 from a3po.rollout.chat import ChatQueue, Pending, reply_of
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.episodes import Turns

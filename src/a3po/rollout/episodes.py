@@ -36,10 +36,10 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from a3po.config.choices import EpisodeEnd
 from a3po.data import CallProcess, Example
 from a3po.envs import EnvSpec
 from a3po.envs.host import CLOSE, RESET, STEP
+from a3po.episode_end import EpisodeEnd
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.groups import Gathering, Group
 from a3po.rollout.prompts import ChatTurns, encode_messages, encode_prompt

@@ -89,7 +89,7 @@ class VLLMEngine:
         self._requests: dict[str, tuple[GenerationRequest, int]] = {}  # with the version when it was submitted
         self.tokens_without_span = 0  # tokens no vLLM span covered, over the engine's life: 0 is expected
         self._next_id = 0
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="a3po-vllm-weights-", dir=_ram_dir()))
+        self._weights_dir = Path(tempfile.mkdtemp(prefix=_ram_prefix("weights"), dir=_ram_dir()))
         self.version = version
         self.engine.set_weight_version(str(version))
 
@@ -156,7 +156,7 @@ class VLLMEngine:
     def from_model(cls, model, tokenizer, **kw) -> VLLMEngine:
         """Start from a transformers model in memory: it is saved with its tokenizer into a RAM-backed folder,
         so every model a3po loads (the built-in ones, a local folder, a hub id) reaches vLLM the same way."""
-        folder = Path(tempfile.mkdtemp(prefix="a3po-vllm-model-", dir=_ram_dir()))
+        folder = Path(tempfile.mkdtemp(prefix=_ram_prefix("model"), dir=_ram_dir()))
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
@@ -187,6 +187,11 @@ def token_versions(spans: Iterable[tuple[str | int, int, int]], n_tokens: int,
             versions[lo:hi] = [int(version)] * (hi - lo)
     missing = versions.count(None)
     return [submitted if v is None else v for v in versions], missing
+
+
+def _ram_prefix(kind: str) -> str:
+    """The folder's name names the process that owns it: a folder whose owner is gone was left behind."""
+    return f"a3po-vllm-{kind}-{os.getpid()}-"
 
 
 def _ram_dir() -> str | None:

@@ -29,8 +29,6 @@ from a3po.config import Config, load_config
 from a3po.files import atomic_write_text, plain_modes, whole_folder, writing
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written, not for resume_config
-    from torch import Tensor
-
     from a3po.trainer.engine import TrainEngine
 
 RUN_STATE = "run_state.json"
@@ -165,30 +163,21 @@ def _reason(e: BaseException) -> str:
 # -- the trainer's own state: weights, optimizer, scheduler, version, RNG ---------------------------
 
 def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> None:
-    """Hugging Face model folder plus optimizer, scheduler, version and RNG state for resume.
+    """The weights (trainer/weights.py: a Hugging Face model folder, or with LoRA the adapter alone in
+    PEFT's format) plus optimizer, scheduler, version and RNG state for resume.
 
     trainer_state.pt holds only tensors and plain types, so `load` can read it with weights_only=True.
     With several ranks the optimizer state is gathered whole, keyed by parameter name (every rank
     takes part; rank 0 writes)."""
     import torch
 
-    from a3po.models import lora
-
-    if engine.dp is not None:
-        engine.dp.announce("save", directory, tokenizer)
-        optimizer = engine.dp.full_optimizer_state(engine.policy, engine.optimizer)
-        if not engine.dp.leader:
-            return
-    else:
-        optimizer = engine.optimizer.state_dict()
+    engine.ranks.announce("save", directory, tokenizer)
+    optimizer = engine.ranks.optimizer_state(engine.policy, engine.optimizer)
+    if not engine.ranks.leader:
+        return
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    if engine.lora is not None:  # the adapter alone, in PEFT's format; the base is the run's actor.path
-        lc = engine.lora
-        lora.save(engine.full_model, d, lc.rank, lc.alpha_value, lc.dropout, lc.target_modules,
-                  engine.cfg.path)
-    else:
-        engine.full_model.save_pretrained(d, safe_serialization=True)
+    engine.trained.save(engine.whole, d)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     plain_modes(d)  # the weights as readable as the rest (safetensors writes them 0600)
@@ -196,7 +185,7 @@ def save_engine(engine: TrainEngine, directory: str | Path, tokenizer=None) -> N
         torch.save({
             "version": engine.version,
             "optimizer": optimizer,
-            "ranks": engine.dp.world if engine.dp else 1,
+            "ranks": engine.ranks.world,
             "scheduler": engine.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }, f)
@@ -209,55 +198,36 @@ def load_engine(engine: TrainEngine, directory: str | Path) -> None:
     ranks, rank 0 tells the others to load the same folder once it has read it."""
     import torch
 
-    from a3po.models import lora
-
     d = Path(directory)
-    adapter = check_kind(engine, d)
-    if adapter:
-        weights = lora.to_model_names(lora.read(d)[0])
-        own = {k: t for k, t in engine.model.state_dict().items() if ".lora_" in k}
-        missing = sorted(k for k in own if k not in weights)
-        unexpected = sorted(k for k in weights if k not in own or weights[k].shape != own[k].shape)
-    else:
-        weights = _read_weights(d)
-        missing, unexpected = _mismatch(engine.model, weights)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {d} does not match the model: "
-                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    check_kind(engine, d)
+    weights = engine.trained.read(d)
     state = _read_state(d / STATE_FILE)
-    ranks, saved = (engine.dp.world if engine.dp else 1), state.get("ranks", 1)
+    ranks, saved = engine.ranks.world, state.get("ranks", 1)
     if (ranks > 1) != (saved > 1):
         raise ValueError(f"checkpoint {d} was written by {saved} trainer rank(s); resume it with "
                          f"cluster.n_trainer_ranks={'1' if saved == 1 else 'N > 1'}")
-    if engine.dp is not None:
-        engine.dp.announce("load", directory)
-        engine.dp.load(engine.policy, engine.optimizer, {f"model.{k}": t for k, t in weights.items()},
-                     state["optimizer"])
-    else:
-        engine.optimizer.load_state_dict(state["optimizer"])
-    if engine.full_model is not None:
-        engine.full_model.load_state_dict(weights, strict=False)
+    engine.ranks.announce("load", directory)
+    engine.ranks.load(engine.policy, engine.optimizer, engine.whole, weights, state["optimizer"])
     engine.scheduler.load_state_dict(state["scheduler"])
     engine.version = state["version"]
     torch.set_rng_state(state["torch_rng"])
 
 
-def check_kind(engine: TrainEngine, d: Path) -> bool:
-    """Whether checkpoint `d` is a LoRA adapter; a CheckpointError when it does not fit the engine's training
-    (full weights against LoRA, or another adapter rank): a setting to fix, not a damaged checkpoint."""
+def check_kind(engine: TrainEngine, d: Path) -> None:
+    """A CheckpointError when checkpoint `d` does not fit the engine's training (full weights against
+    LoRA, or another adapter rank): a setting to fix, not a damaged checkpoint."""
     from a3po.models import lora
 
-    adapter = lora.is_adapter_dir(d)
-    if adapter != (engine.lora is not None):
+    adapter, rank = lora.is_adapter_dir(d), engine.trained.adapter_rank
+    if adapter != (rank is not None):
         raise CheckpointError(f"checkpoint {d} holds {'a LoRA adapter' if adapter else 'full weights'}, and this run "
-                              f"{'trains LoRA adapters' if engine.lora is not None else 'trains every weight'}: "
+                              f"{'trains LoRA adapters' if rank is not None else 'trains every weight'}: "
                               f"resume it with actor.lora.rank={'> 0' if adapter else '0'}, or start a new run")
     if adapter:
-        rank = lora.saved_rank(d)
-        if rank != engine.lora.rank:
-            raise CheckpointError(f"checkpoint {d} holds a rank-{rank} adapter and this run has "
-                                  f"actor.lora.rank={engine.lora.rank}: resume it with actor.lora.rank={rank}")
-    return adapter
+        saved = lora.saved_rank(d)
+        if saved != rank:
+            raise CheckpointError(f"checkpoint {d} holds a rank-{saved} adapter and this run has "
+                                  f"actor.lora.rank={rank}: resume it with actor.lora.rank={saved}")
 
 
 def _read_state(path: Path) -> dict:
@@ -273,24 +243,3 @@ def _read_state(path: Path) -> dict:
     except pickle.UnpicklingError:
         raise ValueError(f"{path.name} is corrupt or holds more than tensors and plain values "
                          "(refused unread: loading it could run code)") from None
-
-
-def _read_weights(d: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(d.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"checkpoint {d} has no *.safetensors weights")
-    weights = {}
-    for f in files:
-        weights.update(load_file(f))
-    return weights
-
-
-def _mismatch(model, weights: dict[str, Tensor]) -> tuple[list[str], list[str]]:
-    """Names the checkpoint lacks (a tied lm_head aside) and names the model lacks, or shapes that differ."""
-    own = model.state_dict()
-    tied = model.config.tie_word_embeddings
-    missing = sorted(k for k in own if k not in weights and not (tied and k.endswith("lm_head.weight")))
-    unexpected = sorted(k for k in weights if k not in own or weights[k].shape != own[k].shape)
-    return missing, unexpected

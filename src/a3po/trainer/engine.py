@@ -11,11 +11,15 @@ One training step (`ppo_update`) reads top to bottom:
      decoupled PPO loss, backward; then grad-norm clipping and one optimizer step;
   3. version += 1, and statistics.
 
-With actor.lora.rank > 0 only low-rank adapters train (models/lora.py): the optimizer holds
-them alone, weight sync publishes them alone (`weights`), and the reference policy is the
-model with its adapters switched off, so no second copy is needed.
+The step has no branch for what varies around it; each sits behind one small object:
+  - the loss's settings: one frozen `LossSpec`, built once from the config (trainer/objective.py);
+  - the processes: `self.ranks` (trainer/parallel.py), one process or data-parallel ranks, which
+    decides each rank's share, its passes, the gradient sync and the loss scale, and brings the
+    statistics and the new weights to rank 0;
+  - what trains: `self.trained` (trainer/weights.py), every weight or LoRA adapters, which holds
+    the reference policy, what is published and sampled from, and what checkpoints hold.
 
-With actor.kl_ctl > 0 a frozen copy of the initial weights is the reference policy. Its KL
+With actor.kl_ctl > 0 the reference policy is the initial weights (with LoRA, the base). Its KL
 is added to the loss per token, or with actor.kl_in_reward charged to the rewards through
 `reference_kl`, which the trainer calls before it computes advantages (pipeline/loop.py).
 
@@ -29,10 +33,9 @@ trimmed to their own longest row (tight padding).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +58,11 @@ from a3po.algo.prox import ApproxErrors
 from a3po.config.choices import Dtype
 from a3po.config.schema import ActorConfig
 from a3po.devices import resolve_dtype, torch_dtype
-from a3po.models import lora
 from a3po.trainer.logprobs import PolicyLogp
+from a3po.trainer.objective import loss_spec
 from a3po.trainer.optim import build_optimizer
-from a3po.trainer.parallel import DataParallel
+from a3po.trainer.parallel import OneProcess, Ranks
+from a3po.trainer.weights import Weights, trained_weights
 from a3po.trajectories import TrainBatch
 
 
@@ -82,7 +86,7 @@ def eval_mode(module: torch.nn.Module):
 class MicroStats:
     """What one micro-batch gives the step's statistics: its loss and, on each of its N output tokens
     (the loss mask's, in order), the loss terms and log-probs, each (N,). Ranks send theirs to rank 0
-    (DataParallel.gather), where `_stats` joins every micro-batch's into one row."""
+    (Ranks.finish_step), where `_stats` joins every micro-batch's into one row."""
 
     loss: Tensor  # () the micro-batch's loss
     terms: LossTerms
@@ -136,15 +140,16 @@ def minibatches(n_rows: int, n: int) -> list[list[int]]:
 
 class TrainEngine:
     def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0,
-                 device: torch.device | str = "cpu", dp: DataParallel | None = None):
+                 device: torch.device | str = "cpu", ranks: Ranks | None = None):
         self.device = torch.device(device)
         self.model = model.float().to(self.device)
         self.cfg = cfg
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.temperature = temperature
         self.version = 0
-        self.dp = dp
+        self.ranks: Ranks = ranks or OneProcess()
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
+        self.spec = loss_spec(cfg)
         head = self.model.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ValueError("models whose output layer has a bias are not supported by the chunked log-prob path yet")
@@ -152,32 +157,27 @@ class TrainEngine:
             enable = (getattr(self.model, "activation_checkpointing_enable", None)
                       or self.model.gradient_checkpointing_enable)
             enable()
-        self.lora = cfg.lora if cfg.lora.rank > 0 else None
-        if self.lora is not None:
-            lora.attach(self.model, self.lora.rank, self.lora.alpha_value, self.lora.dropout,
-                        self.lora.target_modules)
-            if cfg.gradient_checkpointing:  # frozen embeddings: the checkpointed layers' input needs a gradient
-                self.model.enable_input_require_grads()
         self.model.config.use_cache = False
-        self.ref_model = None
-        if cfg.kl_ctl > 0 and self.lora is None:  # every rank holds the whole frozen reference: no collective
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         # the forward's compute dtype under autocast; fp32 runs without autocast
         self.autocast = torch_dtype(self.dtype) if self.dtype != Dtype.FLOAT32 else None
-        self.policy = PolicyLogp(self.model, temperature, self.autocast, cfg.fp32_lm_head)
-        self.ref_policy = (PolicyLogp(self.ref_model, temperature, self.autocast, cfg.fp32_lm_head)
-                           if self.ref_model is not None else None)
-        # With several ranks, rank 0 keeps the whole model besides its shard: what weight sync publishes,
-        # evaluation samples from and checkpoints hold; it is refreshed after every update.
-        self.full_model = self.model
-        if dp is not None:
-            self.full_model = copy.deepcopy(self.model) if dp.leader else None
-            self.policy = dp.wrap(self.policy)
-        optim_cfg = (cfg.optimizer if self.lora is None
-                     else dataclasses.replace(cfg.optimizer, lr=self.lora.learning_rate(cfg.optimizer.lr)))
+        self.trained: Weights = trained_weights(self.model, cfg, self._policy_of)  # LoRA attaches its adapters here
+        self.policy = self._policy_of(self.model)
+        # rank 0's whole model (the model itself in one process): what weight sync publishes, evaluation
+        # samples from and checkpoints hold
+        self.whole = self.ranks.whole_copy(self.model)
+        self.policy = self.ranks.wrap(self.policy)
+        optim_cfg = dataclasses.replace(cfg.optimizer, lr=self.trained.learning_rate(cfg.optimizer.lr))
         self.optimizer, self.scheduler = build_optimizer([p for p in self.policy.parameters() if p.requires_grad],
                                                          optim_cfg, total_optimizer_steps)
         self.trainable_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    @property
+    def ref_model(self):
+        """The frozen reference model, where the KL needs a second copy (full weights, actor.kl_ctl > 0)."""
+        return self.trained.ref_model
+
+    def _policy_of(self, model) -> PolicyLogp:
+        return PolicyLogp(model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
 
     # -- forward --------------------------------------------------------------------------
 
@@ -196,17 +196,17 @@ class TrainEngine:
     def compute_logp(self, batch: TrainBatch, model=None, rows: list[int] | None = None) -> Tensor:
         """Log-probs (B, T) of the current weights (or of another causal LM `model`, such as the reference),
         without gradient, in eval mode (`eval_mode`), micro-batched, on `rows` only when given (0 on the
-        others). With several ranks, for the current weights, a collective."""
-        policy = self.policy if model is None else self.ref_policy if model is self.ref_model else PolicyLogp(
-            model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
+        others). With several ranks, for the current weights, a collective; another model's pass is this
+        rank's alone."""
+        policy, ranks = (self.policy, self.ranks) if model is None else (self._policy_of(model), OneProcess())
         batch = batch.to(self.device)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
         with eval_mode(policy):
-            for g in self._padded(self._micro_groups(batch, list(range(len(batch))) if rows is None else rows),
-                                  policy):
-                logp, _ = self._logp(policy, batch.select(g or [0]), with_entropy=False)
-                if g:
-                    out[g, : logp.shape[1]] = logp.float()
+            for p in ranks.passes(self._micro_groups(batch, list(range(len(batch))) if rows is None else rows),
+                                  filler=[0]):
+                logp, _ = self._logp(policy, batch.select(p.rows), with_entropy=False)
+                if p.counts:
+                    out[p.rows, : logp.shape[1]] = logp.float()
         return out
 
     def _micro_groups(self, batch: TrainBatch, rows: list[int]) -> list[list[int]]:
@@ -215,18 +215,10 @@ class TrainEngine:
             return []
         return [[rows[i] for i in g] for g in micro_batches(batch.select(rows), self.cfg.mb_spec.max_tokens_per_mb)]
 
-    def _padded(self, groups: list[list[int]], policy) -> list[list[int]]:
-        """`groups` plus empty ones up to the most any rank has: under FSDP2 every forward of the
-        policy is a collective, and DDP reduces on each rank's last backward, so every rank runs
-        as many passes (an empty group runs one row whose loss counts 0)."""
-        if self.dp is None or policy is not self.policy:
-            return groups
-        return groups + [[] for _ in range(self.dp.most(len(groups)) - len(groups))]
-
     @torch.no_grad()
     def reference_kl(self, batch: TrainBatch) -> Tensor:
         """Per-token KL estimate (B, T) to the reference policy on the sampled tokens, 0 elsewhere:
-        what actor.kl_in_reward charges each sequence's reward.
+        what actor.kl_in_reward charges each sequence's reward (rank 0 alone: no collective).
 
         It compares the behaviour log-probs with the reference's: the tokens were drawn from pi_behav,
         so the estimator is the one for KL(pi_behav || pi_ref), and the only forward pass is the
@@ -235,11 +227,8 @@ class TrainEngine:
         if self.cfg.kl_ctl == 0:
             raise ValueError("no reference model: actor.kl_ctl is 0")
         batch = batch.to(self.device)
-        if self.lora is not None:  # rank 0's whole copy, adapters off: no collective
-            with lora.adapters_off(self.full_model):
-                ref = self.compute_logp(batch, self.full_model)
-        else:
-            ref = self.compute_logp(batch, self.ref_model)
+        with self.trained.reference_model(self.whole) as reference:
+            ref = self.compute_logp(batch, reference)
         kl = kl_penalty(batch.logp_behav, ref, self.cfg.kl_estimator)
         return torch.where(batch.loss_mask, kl, torch.zeros((), dtype=kl.dtype)).cpu()  # beside the rewards
 
@@ -248,20 +237,19 @@ class TrainEngine:
     def ppo_update(self, batch: TrainBatch) -> dict[str, float]:
         """One training step. With several ranks, rank 0 calls it and the others follow (parallel.py);
         each trains on its share of every minibatch, and rank 0 alone returns the statistics."""
-        if self.dp is not None:
-            self.dp.announce("ppo_update", batch)
-        cfg, v = self.cfg, self.version
+        self.ranks.announce("ppo_update", batch)
+        v = self.version
         batch = batch.to(self.device)
         self.model.train()
         stats: dict[str, float] = {}
-        minis = minibatches(len(batch), cfg.ppo_n_minibatches)
-        parts = [self.dp.share(rows) if self.dp else rows for rows in minis]  # the rows this rank trains on
+        minis = minibatches(len(batch), self.cfg.ppo_n_minibatches)
+        own = [self.ranks.share(rows) for rows in minis]  # the rows this rank trains on
 
         # 1. Proximal log-probs that cost a forward pass of version v (of this rank's rows).
-        logp_recomputed, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
+        logp_v, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
         if self.method and self.method.needs_recompute:
             t0 = time.perf_counter()
-            logp_recomputed = self.compute_logp(batch, rows=[i for rows in parts for i in rows] if self.dp else None)
+            logp_v = self.compute_logp(batch, rows=[i for rows in own for i in rows])
             stats["perf/prox_logp_s"] = time.perf_counter() - t0
 
         # 2. One optimizer step per minibatch, gradients accumulated over micro-batches. The loss
@@ -270,18 +258,17 @@ class TrainEngine:
         pieces: list[MicroStats] = []
         grad_norms = []
         opt_s = 0.0
-        for k, (rows, own) in enumerate(zip(minis, parts)):
+        for k, (rows, mine) in enumerate(zip(minis, own)):
             mini = batch.select(rows)
-            n_tokens = mini.n_tokens
-            n_seqs = int((mini.loss_mask.sum(-1) > 0).sum())
-            groups = self._padded(self._micro_groups(batch, own), self.policy)
-            for j, g in enumerate(groups):
-                mb = batch.select(g or rows[:1])
-                rec = logp_recomputed[g or rows[:1], : mb.input_ids.shape[1]] if logp_recomputed is not None else None
-                with self._grad_sync(last=j == len(groups) - 1):
+            n_tokens, n_seqs = mini.n_tokens, int((mini.loss_mask.sum(-1) > 0).sum())
+            passes = self.ranks.passes(self._micro_groups(batch, mine), filler=rows[:1])
+            for j, p in enumerate(passes):
+                mb = batch.select(p.rows)
+                rec = logp_v[p.rows, : mb.input_ids.shape[1]] if logp_v is not None else None
+                with self.ranks.sync_grads(self.policy, last=j == len(passes) - 1):
                     piece = self._micro_step(mb, rec, v, n_tokens, n_seqs, first_minibatch=k == 0,
-                                             scale=(self.dp.world if self.dp else 1) if g else 0)
-                if g:
+                                             scale=p.loss_scale)
+                if p.counts:
                     pieces.append(piece)
             t_opt = time.perf_counter()
             grad_norms.append(self._optimizer_step())
@@ -289,71 +276,35 @@ class TrainEngine:
         stats["perf/train_s"] = time.perf_counter() - t0
         stats["perf/optimizer_s"] = opt_s  # part of train_s: clipping, AdamW, scheduler
 
-        # 3. Version bump, rank 0's whole copy of the new weights, statistics over every rank's tokens.
+        # 3. Version bump; the new weights into rank 0's whole copy, statistics over every rank's tokens.
         self.version += 1
         self.model.eval()
-        if self.dp is not None:
-            t0 = time.perf_counter()
-            full = self.dp.full_state_dict(self.policy)
-            gathered = self.dp.gather(pieces)
-            if not self.dp.leader:
-                return {}
-            self.full_model.load_state_dict({k.removeprefix("model."): t for k, t in full.items()})
-            pieces = [p for rank in gathered for p in rank]
-            stats["perf/ranks_sync_s"] = time.perf_counter() - t0  # the whole model to rank 0, and the statistics
-        stats.update(self._stats(pieces, v))
-        stats["train/grad_norm"] = max(grad_norms)
-        stats["train/lr"] = self.scheduler.get_last_lr()[0]
-        stats["train/trainable_params"] = float(self.trainable_params)
-        return stats
+        return self.ranks.finish_step(self.policy, self.whole, pieces,
+                                      lambda every, synced: {**stats, **synced, **self._stats(every, v, grad_norms)})
 
-    @contextmanager
-    def _reference(self):
-        """The policy whose passes are the reference's: the frozen copy, or with LoRA this rank's own
-        policy with its adapters off (under data parallelism every rank runs it, like the policy)."""
-        if self.lora is None:
-            yield self.ref_policy
-        else:
-            with lora.adapters_off(self.model):
-                yield self.policy
-
-    def _grad_sync(self, last: bool):
-        return self.dp.sync_grads(self.policy, last) if self.dp is not None else nullcontext()
-
-    def _micro_step(self, mb: TrainBatch, logp_recomputed: Tensor | None, v: int, n_tokens: int, n_seqs: int,
+    def _micro_step(self, mb: TrainBatch, logp_v: Tensor | None, v: int, n_tokens: int, n_seqs: int,
                     first_minibatch: bool, scale: float = 1) -> MicroStats:
         """Forward, loss and backward of one micro-batch; `scale` multiplies the loss that backward sees
         (the rank count under data parallelism, 0 for a pass that only keeps FSDP2's ranks in step)."""
-        cfg = self.cfg
         logp, entropy = self._logp(self.policy, mb)
         if self.method is None:
             prox = mb.logp_behav  # coupled PPO: p = b
         else:
-            prox = proximal_logp(self.method.name, mb.logp_behav, logp, mb.versions, v, logp_recomputed)
+            prox = proximal_logp(self.method.name, mb.logp_behav, logp, mb.versions, v, logp_v)
         kl = None
-        if cfg.kl_ctl > 0 and not cfg.kl_in_reward:
-            with torch.no_grad(), self._reference() as ref_policy, eval_mode(ref_policy):
+        if self.spec.kl_coef > 0:  # the KL to the reference is a term of the loss
+            with torch.no_grad(), self.trained.reference_policy(self.policy) as ref_policy, eval_mode(ref_policy):
                 ref, _ = self._logp(ref_policy, mb, with_entropy=False)
-            kl = kl_penalty(logp, ref, cfg.kl_estimator)
-        loss, terms = ppo_loss(
-            logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask,
-            eps_clip=cfg.eps_clip, eps_clip_higher=cfg.eps_clip_higher, c_clip=cfg.c_clip,
-            behav_imp_weight_cap=cfg.behav_imp_weight_cap if self.method else None,
-            behav_imp_weight_mode=cfg.behav_imp_weight_mode,
-            importance_sampling_level=cfg.importance_sampling_level,
-            m2_threshold=cfg.m2_threshold if self.method else None,
-            agg_mode=cfg.loss_agg_mode, agg_norm=cfg.loss_agg_norm, n_tokens=n_tokens, n_seqs=n_seqs,
-            entropy=entropy, entropy_coef=cfg.entropy_coef, kl=kl, kl_coef=cfg.kl_ctl,
-        )
-        if self.dp is None and not torch.isfinite(loss):  # with ranks, the gradient norm says it on every rank
-            raise FloatingPointError(f"loss is {loss.item()} at version {v}; "
-                                     "lower actor.optimizer.lr or check rewards/log-probs")
+            kl = kl_penalty(logp, ref, self.cfg.kl_estimator)
+        loss, terms = ppo_loss(logp, prox, mb.logp_behav, mb.advantages, mb.loss_mask, self.spec,
+                               n_tokens=n_tokens, n_seqs=n_seqs, entropy=entropy, kl=kl)
+        self.ranks.alone(lambda: _check_finite(loss, v))
         grad_coef = torch.autograd.grad(loss, logp, retain_graph=True)[0]  # through the loss only: cheap
         (loss * scale if scale != 1 else loss).backward()
         m = mb.loss_mask
         errors = None
         if self.method is not None and self.method.reports_errors:
-            errs = approximation_errors(logp_recomputed, mb.logp_behav, logp, mb.versions, v)
+            errs = approximation_errors(logp_v, mb.logp_behav, logp, mb.versions, v)
             errors = {name: _on(e, m) for name, e in errs.items()}
         return MicroStats(
             loss=loss.detach(), terms=_on(terms, m), logp=logp.detach()[m], prox=prox[m], behav=mb.logp_behav[m],
@@ -376,8 +327,9 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def _stats(self, pieces: list[MicroStats], v: int) -> dict[str, float]:
-        """Statistics over every output token of the step (all micro-batches joined into one row, (1, N))."""
+    def _stats(self, pieces: list[MicroStats], v: int, grad_norms: list[float]) -> dict[str, float]:
+        """Statistics over every output token of the step (all micro-batches joined into one row, (1, N)),
+        and of its optimizer steps."""
         logp = _row([p.logp for p in pieces])
         mask = torch.ones_like(logp, dtype=torch.bool)  # every token of the row is an output token
         out = loss_stats(_joined([p.terms for p in pieces]), mask, logp, _row([p.prox for p in pieces]),
@@ -393,20 +345,26 @@ class TrainEngine:
         if pieces[0].errors is not None:
             errs = {name: _joined([p.errors[name] for p in pieces]) for name in pieces[0].errors}
             out.update(approx_error_stats(errs, mask, _row([p.versions for p in pieces]), v))
+        out["train/grad_norm"] = max(grad_norms)
+        out["train/lr"] = self.scheduler.get_last_lr()[0]
+        out["train/trainable_params"] = float(self.trainable_params)
         return out
 
     # -- checkpoints and weight export ----------------------------------------------------
 
     def weights(self) -> dict[str, Tensor]:
-        """Every weight under its Hugging Face name, tied ones included, for weight sync (rank 0).
+        """What weight sync publishes, on rank 0 (trainer/weights.py): every weight under its Hugging Face
+        name, tied ones included, or with LoRA the adapters' tensors and their scale only.
 
-        Live views, not copies: the sync copies them once, straight into shared memory. With LoRA, the
-        adapters' tensors and their scale only (models/lora.py): the workers fold them into their base."""
-        if self.lora is not None:
-            return lora.published(self.full_model, self.lora.scale)
-        return self.full_model.state_dict()
+        Live views, not copies: the sync copies them once, straight into shared memory."""
+        return self.trained.published(self.whole)
 
     def sampling_model(self):
-        """The policy as a plain causal LM for a sampler (evaluation): rank 0's model itself, or with LoRA
-        a copy with the adapters folded in (a sampler reading the base weights would ignore them)."""
-        return self.full_model if self.lora is None else lora.merged(self.full_model)
+        """The policy as a plain causal LM for a sampler (evaluation), on rank 0 (trainer/weights.py)."""
+        return self.trained.sampling_model(self.whole)
+
+
+def _check_finite(loss: Tensor, v: int) -> None:
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"loss is {loss.item()} at version {v}; "
+                                 "lower actor.optimizer.lr or check rewards/log-probs")

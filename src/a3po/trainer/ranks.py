@@ -26,12 +26,13 @@ JOIN_S = 30.0  # a follower told to stop ends at once; this is the deadline befo
 
 def build_engine(cfg: Config, model, device: torch.device, dp: parallel.DataParallel | None):
     """The training engine on `model` (as `load_policy(cfg.actor.path, seed=cfg.seed)` gave it), the same on
-    every rank."""
+    every rank; `dp` None for one process."""
     from a3po.trainer.engine import TrainEngine
 
     torch.manual_seed(cfg.seed)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
-    return TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature, device=device, dp=dp)
+    return TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature, device=device,
+                       ranks=dp if dp is not None else parallel.OneProcess())
 
 
 def rank_device(name: str, rank: int) -> torch.device:

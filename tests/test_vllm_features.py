@@ -1,0 +1,87 @@
+"""vLLM under a3po's other paths, against the real vLLM CPU build (`make test` runs these in .venv-vllm, beside
+tests/test_vllm.py: the engine itself and plain training on it).
+
+Proves: multi-turn episodes train on vLLM engines inside Ray actors; an agent's calls are served
+by vLLM; `a3po serve` answers the OpenAI client; `a3po bench rollout` times vLLM beside the
+local engine; with LoRA the folded adapters reach vLLM.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from procs import a3po
+from test_vllm import RUN, TOL
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_vllm_workers_run_as_ray_actors_and_train_episodes(tmp_path):
+    """The choices together: vLLM engines inside rollout workers that are Ray actors (on a Ray instance
+    the run starts for itself), weights from the object store into vLLM's reload, multi-turn episodes."""
+
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    res = a3po("train", *RUN, "total_train_steps=4", "cluster.launcher=ray", "rollout.n_workers=2",
+               "train_dataset.env=retry", "train_dataset.max_turns=3", cwd=tmp_path, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Ray actors on a Ray instance started for this run" in res.stderr
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(5)) and max(r["stale/max"] for r in rows if r["step"] > 0) == 2
+    assert all(r["episode/turns_mean"] >= 1 for r in rows if r["step"] > 0)
+
+
+def test_an_agent_trains_on_vllm(tmp_path):
+    """An agent's two calls per episode served by vLLM: the second continues the first (one row per episode),
+    with the versions the bound allows."""
+
+    res = a3po("train", *RUN, "total_train_steps=3", "train_dataset.agent=scripted_agents:two_turns", cwd=tmp_path,
+               env={"PYTHONPATH": str(Path(__file__).parent)}, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["step"] > 0]
+    assert len(trained) == 3 and all(r["episode/turns_mean"] == 2 and r["rollout/reward_failures"] == 0
+                                     for r in trained)
+    assert all(r["stale/max"] <= 2 and 0 < r["episode/observation_token_frac"] < 1 for r in trained)
+
+
+def test_a3po_serve_on_vllm_answers_the_openai_client():
+    import openai
+    from procs import served
+
+    with served("--model", "tiny", "--backend", "vllm", "--max-tokens", "8", timeout=600) as (proc, url):
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        ask = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0)
+        first, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+    assert first.choices[0].message.content == again.choices[0].message.content
+    assert 1 <= first.usage.completion_tokens <= 8
+
+
+def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_path):
+
+    res = a3po("bench", "rollout", "--model", "tiny", "--engines", "local,vllm", "--dtypes", "float32",
+               "--trainer-dtype", "float32", "--batch", "4", "--max-new-tokens", "8", "--repeats", "2",
+               "--update-every", "0", "--out", "out", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rec = json.loads((tmp_path / "out" / "rollout.json").read_text())
+    rows = {r["engine"]: r for r in rec["arms"]}
+    assert list(rows) == ["local", "vllm"] and all(r["tokens"] == 4 * 8 for r in rows.values())
+    assert rows["vllm"]["over_local"] > 0 and rows["vllm"]["over_generate"] is None  # no generate arm asked for
+    assert rec["vllm_start_s"]["float32"] > 0
+    gap = {g["engine"]: g for g in rec["gap"]}
+    assert gap["vllm"]["tokens"] == 4 * 8 and gap["vllm"]["abs_max"] < TOL  # fp32 both sides: rounding only
+    assert "| vllm | float32 | 32 |" in (tmp_path / "out" / "rollout.md").read_text()
+
+
+
+def test_lora_adapters_reach_vllm_through_the_fold(tmp_path):
+    """With LoRA the worker folds each published adapter into its base and vLLM reloads the folded weights:
+    tokens sampled by the version being trained have the trainer's log-probs (fp32) while the adapters move
+    (tests/test_lora.py measures how far the same settings move the tiny model from its base: > 1e-2)."""
+
+    res = a3po("train", "--preset", "tiny", "logging.tensorboard=false", "rollout.backend=vllm", "actor.lora.rank=4",
+               "actor.lora.lr=0.05", "rollout.max_head_offpolicyness=0", "total_train_steps=3",
+               "evaluator.freq_steps=0", "saver.freq_steps=0", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert len(steps) == 3 and all(r["mismatch/tokens"] > 0 and r["mismatch/abs_max"] < 1e-3 for r in steps), steps
