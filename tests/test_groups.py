@@ -4,17 +4,22 @@ Proves: completions come back as whole groups in sample order, each the engine's
 `generate` answers for the same prompt and seed, its reward the reward function's as called directly; a group is
 busy until scored and sampling only while its requests are in the engine; episodes come back grouped the same
 way, each sample its episode's trajectory; the factory gives the kind the run's inputs name, and each kind has
-every member of GroupRunner.
+every member of GroupRunner; the evaluator scores every evaluation in the one reward process it starts, whatever
+model each is of, and that process is gone once the evaluator is closed.
 """
 
 import copy
+import os
+import time
 
-from scripted_envs import Echo
+from procs import proc_stat
+from scripted_envs import Echo, scorer_pid
 
 from a3po.config import load_config
 from a3po.data import Example, build_reward, load_task
 from a3po.data.rewards import Imported
 from a3po.envs import EnvSpec
+from a3po.pipeline.evaluate import Evaluator
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.agents import AgentRunner
 from a3po.rollout.completions import Completions
@@ -22,9 +27,9 @@ from a3po.rollout.episodes import EpisodeRunner
 from a3po.rollout.groups import GroupRunner, group_seeds
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_prompt
-from a3po.rollout.runners import Scoring, build_runner
+from a3po.rollout.runners import Runners, Scoring
 
-PROTOCOL = {"poll_s", "start_group", "finished_turn", "poll_groups", "busy", "sampling", "close"}
+PROTOCOL = {"poll_s", "start_group", "finished_turn", "poll_groups", "busy", "sampling"}
 
 
 def engine_for(model, tok):
@@ -48,7 +53,8 @@ def test_completions_are_the_engines_completions_scored_by_the_reward_function(t
     data = load_task(cfg.train_dataset, 2, 0)
     reward_fn = build_reward(cfg.train_dataset, data)
     engine = engine_for(model, tok)
-    runner = build_runner(engine, tok, cfg, Scoring(reward_fn))
+    runners = Runners(cfg, Scoring(reward_fn))
+    runner = runners.build(engine, tok)
     assert isinstance(runner, Completions)
     seen = []  # (busy, sampling, requests in the engine) after each step
     try:
@@ -56,7 +62,7 @@ def test_completions_are_the_engines_completions_scored_by_the_reward_function(t
             runner.start_group(slot, ex, group_seeds(cfg.seed, slot, 3))
         groups = drive(runner, engine, lambda: seen.append((runner.busy, runner.sampling, engine.num_pending)))
     finally:
-        runner.close()
+        runners.close()
     assert sorted(g.key for g in groups) == [0, 1]
     assert all(busy for busy, _, _ in seen) and not runner.busy
     assert all(sampling == (pending > 0) for _, sampling, pending in seen)
@@ -81,15 +87,17 @@ def test_episodes_come_back_as_whole_groups_in_sample_order(tiny):
                              "rollout.lockstep=true"])  # the env named here is not used: Echo is
     echo = Scoring(None, EnvSpec("echo", Echo))
     examples = {"a": Example("Count to 2.", "2", 0), "b": Example("Count to 3.", "3", 1)}
-    runner = build_runner(engine := engine_for(model, tok), tok, cfg, echo)
+    runners = Runners(cfg, echo)
+    runner = runners.build(engine := engine_for(model, tok), tok)
     assert isinstance(runner, EpisodeRunner)
     try:
         for key, ex in examples.items():
             runner.start_group(key, ex, [1, 2])
         groups = {g.key: g for g in drive(runner, engine)}
     finally:
-        runner.close()
-    one_by_one = build_runner(engine := engine_for(copy.deepcopy(model), tok), tok, cfg, echo)
+        runners.close()
+    runners = Runners(cfg, echo)
+    one_by_one = runners.build(engine := engine_for(copy.deepcopy(model), tok), tok)
     try:  # the same episodes started one by one, with the runner's sample ids and seeds (in rounds: the same batches)
         for key, ex in examples.items():
             for i, seed in enumerate([1, 2]):
@@ -100,7 +108,7 @@ def test_episodes_come_back_as_whole_groups_in_sample_order(tiny):
                 one_by_one.finished_turn(c)
             episodes.update({ep.eid: ep for ep in one_by_one.poll(block_s=0.05 if engine.num_pending == 0 else 0)})
     finally:
-        one_by_one.close()
+        runners.close()
     assert sorted(groups) == ["a", "b"]
     for key, turns in (("a", 2), ("b", 3)):
         samples = groups[key].samples
@@ -118,10 +126,29 @@ def test_the_factory_gives_the_kind_the_inputs_name_each_with_the_whole_protocol
     kinds = {Completions: Scoring(None), EpisodeRunner: Scoring(None, EnvSpec("echo", Echo)),
              AgentRunner: Scoring(None, agent=Imported("scripted_agents:by_example"))}
     for kind, scoring in kinds.items():
-        runner = build_runner(engine, tok, cfg, scoring)
+        runners = Runners(cfg, scoring)
         try:
+            runner = runners.build(engine, tok)
             assert type(runner) is kind
             assert all(hasattr(runner, name) for name in PROTOCOL), kind
         finally:
-            runner.close()
+            runners.close()
     assert PROTOCOL == {n for n in vars(GroupRunner) if not n.startswith("_")} | set(GroupRunner.__annotations__)
+
+
+def test_the_evaluators_reward_process_serves_every_evaluation_until_close(tiny):
+    model, tok = tiny
+    cfg = load_config(None, ["gconfig.max_new_tokens=4"])
+    examples = [Example("What is 1 + 1?", "2", 0), Example("What is 2 + 2?", "4", 1)]
+    evaluator = Evaluator(cfg, Scoring(scorer_pid))  # each reward is the pid of the process that scored it
+    try:
+        first = evaluator(model, tok, examples).metrics["eval/reward"]
+        second = evaluator(copy.deepcopy(model), tok, examples).metrics["eval/reward"]  # another model, engine
+    finally:
+        t0 = time.monotonic()
+        evaluator.close()
+        closing_s = time.monotonic() - t0
+    pid = int(first)
+    assert first == second == pid and pid != os.getpid()  # one reward process, not one per evaluation
+    assert proc_stat(pid) is None, f"the reward process {pid} outlived Evaluator.close"  # gone, and waited for
+    assert closing_s < 10  # within its own deadline (end of file, then a kill)

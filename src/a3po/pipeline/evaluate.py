@@ -13,7 +13,7 @@ from a3po.config import Config
 from a3po.data import Example
 from a3po.rollout.groups import Group, GroupRunner, group_seeds
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.runners import Scoring, build_runner
+from a3po.rollout.runners import Runners, Scoring
 
 SOLVED = 1.0 - 1e-6  # a score at least this solves the example
 
@@ -28,14 +28,19 @@ class Evaluation:
 
 class Evaluator:
     """eval/accuracy: share of examples whose completion (episode) scores >= 1 (before any turn discount), averaged
-    over the samples; eval/reward: mean score. Each call's child processes (reward, environment, agents) end with it.
+    over the samples; eval/reward: mean score. The child processes that score (reward, environment, agents) start
+    with the first call and serve every call until `close`; each call's engine is over the model it is given.
     """
 
     def __init__(self, cfg: Config, scoring: Scoring):
         self.cfg, self.scoring = cfg, scoring
+        self.runners: Runners | None = None
 
     def close(self) -> None:
-        """Nothing outlives a call."""
+        """End the child processes."""
+        if self.runners is not None:
+            self.runners.close()
+            self.runners = None
 
     def __call__(self, model, tokenizer, examples: list[Example], samples: int = 1,
                  greedy: bool = True) -> Evaluation:
@@ -45,13 +50,16 @@ class Evaluator:
         samples = 1 if greedy else samples
         engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode, max_batch=64,
                              forward=cfg.rollout.forward)
-        runner = build_runner(engine, tokenizer, cfg, self.scoring)
+        if self.runners is None:
+            self.runners = Runners(cfg, self.scoring)
+        runner = self.runners.build(engine, tokenizer)
         try:
             for i, example in enumerate(examples):  # slots below 0: never a training group's seeds
                 runner.start_group(i, example, group_seeds(cfg.seed, -1 - i, samples), greedy)
             groups = sorted(_run(runner, engine), key=lambda g: g.key)
-        finally:
-            runner.close()
+        except BaseException:
+            self.close()  # calls still out in the children must not be answered into the next evaluation
+            raise
         solved = [0.0] * len(examples)
         rewards, infos = [], []
         for group in groups:

@@ -204,11 +204,6 @@ class AgentRunner:
         done, self._done = self._done, []
         return done
 
-    def close(self) -> None:
-        self.agents.close()
-        self.chat.close()
-        self.server.close()
-
     # -- one request ------------------------------------------------------------------
 
     def _request(self, p: Pending) -> None:

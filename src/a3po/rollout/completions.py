@@ -89,11 +89,6 @@ class Completions:
             out.append(self._scored(key, done, rule))
         return out
 
-    def close(self) -> None:
-        self.reward.close()  # its reward process reads end of file and exits
-        if self.service is not None:
-            self.service.close()
-
     def _scored(self, key: Hashable, done: list[Completion], rule: Rule) -> Group:
         """The group with its rewards: the rule's, or with a service the weighted sum of both."""
         rewards = [rule[c.rid[1]][0] for c in done]

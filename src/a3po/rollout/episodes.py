@@ -139,9 +139,6 @@ class EpisodeRunner:
         """The groups whose episodes have all ended (waiting up to block_s for the environment's answer)."""
         return self._groups.ended(self.poll(block_s), lambda ep: [ep.trajectory()])
 
-    def close(self) -> None:
-        self.env.close()
-
     def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
         ep = Episode(eid, example, seed, greedy)
         self.running[eid] = ep

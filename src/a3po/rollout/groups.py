@@ -1,6 +1,6 @@
 """The one interface a rollout worker and the evaluator hold, whatever a group's samples are.
 
-    runner = build_runner(engine, tokenizer, cfg, scoring)   # rollout/runners.py picks the kind
+    runner = runners.build(engine, tokenizer)                 # rollout/runners.py picks the kind
     runner.start_group(key, example, group_seeds(cfg.seed, slot, n))
     while runner.busy:                                        # the caller steps the engine
         for c in engine.step():
@@ -68,9 +68,6 @@ class GroupRunner(Protocol):
 
     @property
     def sampling(self) -> bool: ...
-
-    def close(self) -> None:
-        """Stop the child processes and threads the runner owns."""
 
 
 class Gathering:

@@ -9,8 +9,8 @@ is started: a token never carries a version older than the one its group was adm
 A group is `gconfig.n_samples` samples of one prompt: completions scored by the reward function
 (and a reward service), multi-turn episodes in an environment, or runs of the user's agent.
 The worker holds one `GroupRunner` of the run's kind (rollout/groups.py, built by
-rollout/runners.py), starts each Work's group on it, hands it the engine's finished
-completions and sends the groups it returns.
+rollout/runners.py, whose child processes live as long as the worker), starts each Work's group
+on it, hands it the engine's finished completions and sends the groups it returns.
 
 Messages in:  Work (one prompt group), LoadWeights (version), Stop.
 Messages out: Ready, GroupDone (the scored trajectories), WeightsLoaded, Heartbeat, WorkerFailed.
@@ -40,7 +40,7 @@ from a3po.config import Config
 from a3po.config.choices import Backend, WeightUpdate
 from a3po.data import Example
 from a3po.rollout.groups import Group, group_seeds
-from a3po.rollout.runners import Scoring, build_runner
+from a3po.rollout.runners import Runners, Scoring
 from a3po.trajectories import Trajectory
 
 HEARTBEAT_S = 0.5  # the longest the main loop stays silent, unless one decode step takes longer
@@ -159,7 +159,8 @@ class _Worker:
                 reprefill_on_update=reprefill,
             )
             self.engine.update_weights(self._plain(weights), version)
-        self.runner = build_runner(self.engine, self.tok, cfg, scoring, service=True)
+        self.runners = Runners(cfg, scoring, service=True)  # its reward, environment or agent process, for its life
+        self.runner = self.runners.build(self.engine, self.tok)
         self.held: dict[int, list[Work]] = {}  # lockstep: batch -> its groups received, until the cohort is whole
         self.t_ready = time.perf_counter()
         self.idle_s = 0.0
@@ -281,7 +282,7 @@ def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, 
         return False
     finally:
         if w is not None:
-            w.runner.close()
+            w.runners.close()
             w.engine.close()
     return True
 
