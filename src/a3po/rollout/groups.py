@@ -12,8 +12,9 @@ A group is n samples of one example, started together and returned together once
 sample is scored. Three kinds implement `GroupRunner`: completions scored by the reward
 function and a reward service (rollout/completions.py), episodes in an environment
 (rollout/episodes.py) and runs of the user's agent (rollout/agents.py). A new kind of group
-is one class implementing it and one line in rollout/runners.py; the worker and the
-evaluator never ask which kind they hold.
+is one class implementing it and one branch in rollout/runners.py (which makes the child
+processes it needs; a runner owns none); the worker and the evaluator never ask which kind
+they hold.
 
 Sample i of group `key` has the id (key, i): the engine's request id of a completion, the
 episode's id otherwise.
