@@ -19,12 +19,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from procs import a3po
 
-from a3po.bench.args import BENCHMARKS, from_namespace
+from a3po.bench.args import BENCHMARKS, StepBenchArgs, from_namespace
 from a3po.bench.report import aggregate, approx_quality
 from a3po.bench.runs import summarize_run
 from a3po.cli import build_parser
+from a3po.config import ConfigError
+from a3po.models import ModelSourceError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY_E2E = ["--preset", "tiny", "total_train_steps=3", "gconfig.max_new_tokens=8", "logging.tensorboard=false",
@@ -89,6 +92,7 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
     body, head = linear_weights(load_policy("tiny")[0])
     assert rec["fwd_bwd_tflop"] * 1e12 == pytest.approx(6 * (body + head) * 4 * 24)  # 6 FLOPs per weight per token
     assert rec["matmul_gflops"] > 0 and rec["machine"]["cpu"]
+    assert rec["device"] == "cpu" and rec["device_name"] == rec["machine"]["cpu"]  # --device's default, named
     md = (tmp_path / "out" / "step.md").read_text()
     assert "| recompute | 1 |" in md and "| loglinear | 4 |" in md and "forward / this" in md
     assert json.loads(res.stdout.strip().splitlines()[-1])["benchmark"] == "step"
@@ -115,9 +119,29 @@ def rec_params(tmp_path) -> int:
     return json.loads((tmp_path / "out" / "step.json").read_text())["params"]
 
 
-def test_bench_step_refuses_bad_arguments_in_one_line(tmp_path):
-    res = a3po("bench", "step", "--methods", "recompute,loglinaer", cwd=tmp_path)
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "loglinaer" in res.stderr
+@pytest.mark.parametrize("bad, named", [(["--methods", "recompute,loglinaer"], "loglinaer"),
+                                        (["--device", "gpu"], "use auto, cpu, cuda or cuda:N"),
+                                        (["--device", "cuda", "--memory"], "leave it out with --device cuda")])
+def test_bench_step_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
+    res = a3po("bench", "step", *bad, cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and named in res.stderr, res.stderr
+
+
+NO_CUDA = [("--device", "cuda", ConfigError, "--device=cuda, but this torch")] if not torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("field, value, error, named", [("model", "tiny-100x2", ModelSourceError, "multiple of 64"),
+                                                        *NO_CUDA])
+def test_bench_step_refuses_a_model_or_device_that_is_not_there_before_its_folder(tmp_path, field, value, error,
+                                                                                   named):
+    # in this process (a subprocess would spend seconds importing torch); the CLI's part, the one line and exit
+    # code 2 for each error type, is pinned in test_exits.py
+    from a3po.bench import step
+
+    args = StepBenchArgs(**{field.lstrip("-"): value}, out=str(tmp_path / "out")).checked()
+    with pytest.raises(error, match=named):
+        step.run(args)
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- bench e2e

@@ -17,6 +17,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 from procs import a3po
 
 TINY = ["bench", "rollout", "--model", "tiny", "--batch", "4", "--group", "2", "--max-new-tokens", "8", "--repeats",
@@ -55,6 +56,7 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
     assert rec["batch"] == 4 and rec["group"] == 2 and rec["max_new_tokens"] == 8 and rec["threads"] == 1
     assert set(rec["matmul_gflops"]) >= {"float32", "bfloat16"} and min(rec["matmul_gflops"].values()) > 0
     assert rec["machine"]["cpu"] and isinstance(rec["machine"]["avx512_bf16"], bool)
+    assert rec["device"] == "cpu" and rec["device_name"] == rec["machine"]["cpu"]  # --device's default, named
 
 
 @pytest.mark.slow
@@ -110,7 +112,8 @@ def test_bench_rollout_groups_ask_each_question_group_times_in_a_row(tiny):
 @pytest.mark.parametrize("bad, named", [(["--dtypes", "float32,float16"], "float16"), (["--batch", "0"], "--batch"),
                                         (["--trainer-dtype", "fp16"], "fp16"),
                                         (["--engines", "local,sglang"], "sglang"),
-                                        (["--engines", "local,local"], "each once"), (["--group", "3"], "--group")])
+                                        (["--engines", "local,local"], "each once"), (["--group", "3"], "--group"),
+                                        (["--device", "cuda:x"], "use auto, cpu, cuda or cuda:N")])
 def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
     res = a3po("bench", "rollout", *bad, cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and named in res.stderr, res.stderr
@@ -124,3 +127,16 @@ def test_bench_rollout_without_vllm_refuses_its_arm_in_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "--engines vllm" in res.stderr and ".venv-vllm" in res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_bench_rollout_on_a_gpu_that_is_not_there_is_refused_before_its_folder(tmp_path):
+    # in this process (a subprocess would spend seconds importing torch); the CLI prints a ConfigError as one line
+    # with exit code 2 (test_exits.py)
+    from a3po.bench import rollout
+    from a3po.bench.args import RolloutBenchArgs
+    from a3po.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--device=cuda, but this torch .* or set --device=cpu"):
+        rollout.run(RolloutBenchArgs(device="cuda", model="tiny", out=str(tmp_path / "out")).checked())
+    assert not (tmp_path / "out").exists()

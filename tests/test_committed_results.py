@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from a3po.bench import e2e, staleness
+from a3po.bench import e2e, fidelity_report, staleness
 
 DOCS = Path(__file__).parent.parent / "docs"
 RESULTS = DOCS / "results"
@@ -32,9 +32,9 @@ def _documented_command(start: str) -> list[str]:
     return shlex.split(found.group(0).replace("\\\n", " "))
 
 
-def test_there_are_records_of_both_benchmarks():
+def test_there_are_records_of_every_benchmark_that_writes_them():
     kinds = {json.loads((f / "results.json").read_text())["benchmark"] for f in FOLDERS}
-    assert kinds == {"e2e", "staleness"}
+    assert kinds == {"e2e", "staleness", "fidelity"}
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
@@ -42,10 +42,12 @@ def test_each_folders_page_regenerates_from_its_record(folder, tmp_path):
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("plots"))
     kind = json.loads((folder / "results.json").read_text())["benchmark"]
-    {"e2e": e2e.regenerate, "staleness": staleness.regenerate}[kind](copy)
+    {"e2e": e2e.regenerate, "staleness": staleness.regenerate, "fidelity": fidelity_report.regenerate}[kind](copy)
     assert (copy / "results.md").read_text() == (folder / "results.md").read_text()
     assert json.loads((copy / "results.json").read_text()) == json.loads((folder / "results.json").read_text())
-    assert sorted(p.name for p in (copy / "plots").iterdir()) == sorted(p.name for p in (folder / "plots").iterdir())
+    if kind != "fidelity":  # a fidelity record has tables only
+        plots = lambda f: sorted(p.name for p in (f / "plots").iterdir())
+        assert plots(copy) == plots(folder)
 
 
 def test_the_summary_page_is_what_its_documented_command_writes(tmp_path):

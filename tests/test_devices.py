@@ -4,7 +4,8 @@ Proves: auto is CUDA exactly when torch sees one; a CUDA device that is not ther
 one-line ConfigError naming the key and the way out; a misspelt device is refused at load
 time; `dtype: auto` on the CPU follows the CPU's bf16 support, whether or not a GPU exists
 (it used to turn bf16 on for a CPU trainer whenever CUDA was present); a model and its
-batches really end up on the device asked for, and training and sampling work there.
+batches really end up on the device asked for, and training and sampling work there; a benchmark's
+record names the GPU (torch's name for it) or the CPU model it ran on.
 """
 
 from pathlib import Path
@@ -14,7 +15,8 @@ import torch
 
 from a3po.config import ConfigError, load_config
 from a3po.config.choices import Dtype
-from a3po.devices import native_bf16, resolve_device, resolve_dtype, torch_dtype
+from a3po.devices import device_name, native_bf16, resolve_device, resolve_dtype, synchronize, torch_dtype
+from a3po.machine import machine
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
 from a3po.trainer.engine import TrainEngine
@@ -65,6 +67,17 @@ def test_dtype_auto_on_the_cpu_follows_the_cpu_even_when_a_gpu_exists(monkeypatc
     assert resolve_dtype("auto", CPU) == expected
     assert native_bf16(torch.device("cuda")) is True
     assert resolve_dtype("float32", torch.device("cuda")) == "float32"
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_a_record_names_the_gpu_or_the_cpu_it_ran_on(device):
+    d = torch.device(device)
+    expected = torch.cuda.get_device_name(d) if d.type == "cuda" else machine()["cpu"]
+    assert device_name(d) == expected and expected
+    x = torch.ones(256, 256, device=d)
+    y = x @ x
+    synchronize(d)  # a no-op on the CPU; on CUDA it waits for the matmul
+    assert y[0, 0].item() == 256
 
 
 def test_every_dtype_choice_resolves_to_a_torch_dtype():

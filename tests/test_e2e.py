@@ -2,7 +2,8 @@
 
 Proves: asynchronous runs (eta >= 2) never train on a token staler than eta, and some
 sequences really carry two versions after an in-flight weight update; eta = 0 trains
-only on fresh tokens; a resumed run continues the step count with no duplicated or
+only on fresh tokens, and with top-k, top-p and min-p sampling the trainer's log-probs equal the
+sampler's there; a resumed run continues the step count with no duplicated or
 missing metrics; Ctrl-C stops every process and leaves the last checkpoint intact; bad
 configuration, a missing dataset file and an unknown task exit with code 2 and one line.
 """
@@ -57,14 +58,20 @@ def test_async_run_bounds_staleness_and_updates_in_flight(tmp_path):
     assert ckpt.name == "step_000008" and (ckpt / "model.safetensors").exists()
 
 
-def test_synchronous_run_trains_only_on_fresh_tokens(tmp_path):
+def test_synchronous_run_trains_only_on_fresh_tokens_and_filtered_sampling_matches_the_trainer(tmp_path):
+    # top-k, top-p and min-p together: the trainer filters its log-probs as the sampler did, so on fresh tokens
+    # the recomputed proximal policy equals the behaviour policy (w = 1, not the kept mass) and the mismatch is 0
     res = a3po("train", *TINY, "rollout.max_head_offpolicyness=0", "total_train_steps=4", "gconfig.max_new_tokens=24",
+               "gconfig.top_k=50", "gconfig.top_p=0.9", "gconfig.min_p=0.05", "actor.prox_logp_method=recompute",
                cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     steps = train_steps(metrics(tmp_path / "runs" / "tiny"))
     assert len(steps) == 4
     assert all(r["stale/max"] == 0 and r["stale/mean"] == 0 for r in steps)
     assert all(r["rollout/two_version_frac"] == 0 for r in steps)
+    assert all(r["mismatch/tokens"] > 0 and r["mismatch/abs_max"] < 1e-4 for r in steps)
+    assert all(abs(r["loss/behav_weight_max"] - 1) < 1e-4 and abs(r["loss/behav_weight_mean"] - 1) < 1e-4
+               for r in steps)
 
 
 def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):

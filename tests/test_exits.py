@@ -13,6 +13,7 @@ import pytest
 
 from a3po.config import ConfigError
 from a3po.data import DataError
+from a3po.models import ModelSourceError
 from a3po.pipeline import exits
 from a3po.trainer.checkpoint import CheckpointError
 
@@ -40,6 +41,7 @@ def test_every_named_type_is_an_exception_class_of_its_module():
     (exits.EXPORT, ValueError("not an adapter"), 2, "a3po: error: not an adapter"),
     (exits.SERVE, OSError("address in use"), 2, "a3po: error: address in use"),
     (exits.BENCH, ConfigError("--etas: bad"), 2, "a3po: config error: --etas: bad"),
+    (exits.BENCH, ModelSourceError("actor.path='tiny-1x1': bad"), 2, "a3po: error: actor.path='tiny-1x1': bad"),
 ])
 def test_each_phase_gives_its_code_and_words(phase, error, code, line):
     assert exits.ending(error, phase, step=7) == exits.Ending(code, line)

@@ -245,6 +245,22 @@ def test_gspo_gives_each_sequence_one_advantage_the_mean_of_its_tokens():
     torch.testing.assert_close(theta.grad, bt([0.75, 0.75, 0.0]))
 
 
+def test_gspo_token_keeps_each_tokens_advantage_and_gradient_under_the_sequence_ratio():
+    # one sequence, log r = [0.5, 0.3] -> the value of every token's ratio is e^0.4 = 1.491825 (its own gradient);
+    # A = [+1, -1], no dual clip: token 0 (A > 0, above 1.2) is clipped at -1.2 and gets no gradient; token 1
+    # keeps max(1.491825, 1.2) = 1.491825 and d/dtheta_1 = r / 2 (the token mean over 2) = 0.745912.
+    # GSPO would pool A to 0 (no gradient at all); per-token PPO would see token 1's own r = e^0.3.
+    theta, p, b, adv = inputs([[math.exp(0.5), math.exp(0.3)]], [[1.0, -1.0]])
+    spec = LossSpec(importance_sampling_level="sequence_token", c_clip=None)
+    loss, terms = ppo_loss(theta, p, b, adv, mt([1, 1]), spec)
+    r = math.exp(0.4)
+    torch.testing.assert_close(terms.ratio, bt([r, r]))
+    assert terms.clipped.tolist() == [[True, False]]
+    torch.testing.assert_close(loss, torch.tensor((-1.2 + r) / 2, dtype=F64))
+    loss.backward()
+    torch.testing.assert_close(theta.grad, bt([0.0, r / 2]))
+
+
 def test_gspo_with_a_token_cap_drops_the_capped_token_before_the_sequence_mean():
     # one sequence, A = 1: log r = [0.1, -0.1], w = [1, 4]; cap 3 with token_mask drops token 1.
     # The sequence ratio averages the kept token only: r = exp(0.1) = 1.105171 for both tokens (averaging
@@ -527,12 +543,18 @@ def test_loss_by_staleness_hand_values():
     mask = torch.tensor([[True, True, True, True, False]])
     clipped = torch.tensor([[True, False, True, False, True]])
     capped = torch.tensor([[False, False, False, True, True]])
-    terms = LossTerms(mask=mask, ratio=z, clipped=clipped, dual_clipped=mask & False, behav_weight=z, capped=capped,
-                      m2_dropped=mask & False, pg=z)
+    none = mask & False
+    truncated = torch.tensor([[False, True, False, False, True]])
+    dropped = torch.tensor([[False, False, True, True, False]])
+    terms = LossTerms(mask=mask, ratio=z, clipped=clipped, dual_clipped=none, behav_weight=z, capped=capped,
+                      m2_dropped=none, pg=z, tis_truncated=truncated, corr_masked=dropped, opsm_masked=none,
+                      seq_first=none, seq_truncated=none, seq_masked=none)
     d = torch.tensor([[0, 0, 3, 3, 0]])
     adv = bt([-1.0, 1.0, -1.0, -1.0, -1.0])
     coef = bt([0.2, -0.2, 0.5, 0.1, 9.0])  # the masked-out token's weight does not count
     out = loss_by_staleness(terms, d, adv, coef)
     assert out == pytest.approx({"loss/clipped_frac_d0": 0.5, "loss/behav_capped_frac_d0": 0.0,
                                  "loss/clipped_frac_d3": 0.5, "loss/behav_capped_frac_d3": 0.5,
+                                 "loss/tis_truncated_frac_d0": 0.5, "loss/tis_truncated_frac_d3": 0.0,
+                                 "loss/corr_masked_frac_d0": 0.0, "loss/corr_masked_frac_d3": 1.0,
                                  "loss/grad_share_neg_low_d": 0.2 / 1.0})

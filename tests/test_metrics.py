@@ -2,14 +2,16 @@
 
 Two tiny `a3po train` runs whose options together reach every family: the `metrics` proximal
 method (prox_err/), two rollout workers (rollout/idle_frac/w<i>), a recorded step (perf/record_s),
-the KL in the loss and, in the second run, in the reward (perf/ref_kl_s), coupled PPO and
-multi-turn episodes with a tool (episode/, eval/tool_use_frac), evaluation steps. Every key either writes
+the KL in the loss and, in the second run, in the reward (perf/ref_kl_s), coupled PPO trained with SAPO
+and off-policy corrections on the current weights' ratio to the sampler (verl's bypass mode), multi-turn
+episodes with a tool (episode/, eval/tool_use_frac), evaluation steps. Every key either writes
 to metrics.jsonl or to TensorBoard must be declared by exactly one entry, and every entry must be
 logged: on every training step when it declares no condition, in one of the runs otherwise.
 """
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,9 @@ RUNS = {
     "metrics-2w-kl": ["actor.prox_logp_method=metrics", "rollout.n_workers=2", "actor.kl_ctl=0.1",
                       "total_train_steps=3", "evaluator.freq_steps=2", "saver.record_steps=[2]"],
     "coupled-klreward": ["actor.use_decoupled_loss=false", "actor.kl_ctl=0.1", "actor.kl_in_reward=true",
+                         "actor.policy_loss=sapo", "actor.correction.ratio=current", "actor.correction.tis=sequence",
+                         "actor.correction.mis=token", "actor.correction.mis_low=0.5", "actor.correction.mis_high=2",
+                         "actor.correction.opsm_delta=0.05",
                          "train_dataset.env=calculator", "train_dataset.max_turns=2",
                          "total_train_steps=2", "evaluator.freq_steps=0", "logging.tensorboard=false"],
 }
@@ -112,3 +117,16 @@ def test_families_have_the_members_the_runs_imply(logged):
         approx = {k.split("/")[1] for k in row if k.startswith("prox_err/") and not k.startswith("prox_err/tokens")}
         assert approx == set(APPROXIMATIONS)
     assert [r["step"] for r in first if "eval/accuracy" in r] == [0, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_run_with_a_new_loss_and_corrections_trains(logged):
+    """The second run (SAPO, TIS, IcePop and OPSM under coupled PPO, set on the command line) trains to its end
+    with a finite loss on every step and reports every correction's shares, within [0, 1]. Its tiny model's
+    rewards rarely differ, so tests/test_train_engine.py is where the corrections are seen acting."""
+    rows = [r for r in logged[0]["coupled-klreward"] if r["step"] > 0]
+    assert rows and all(math.isfinite(r["loss/total"]) for r in rows)
+    for r in rows:
+        for key in ("loss/tis_truncated_frac", "loss/tis_truncated_seq_frac", "loss/corr_masked_frac",
+                    "loss/corr_masked_seq_frac", "loss/opsm_masked_seq_frac"):
+            assert 0.0 <= r[key] <= 1.0, (key, r[key])

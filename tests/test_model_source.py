@@ -2,7 +2,8 @@
 
 What this file proves:
 - "tiny" models are bitwise deterministic per seed, leave the global RNG alone, and differ
-  across seeds; "tiny-<hidden>x<layers>" builds the asked shape;
+  across seeds; "tiny-<hidden>x<layers>" builds the asked shape, and its parameter count (605M for
+  tiny-2048x16) is known from the meta device without building it;
 - the tiny tokenizer maps byte b to id b, round-trips any text, and its ChatML template
   gives the exact SmolLM2 prompt format; vocab, eos and pad agree with the model;
 - a forward pass gives (B, T, vocab) logits; `generate` stops at eos;
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from a3po.models import ModelSourceError, cache_dir, load_policy, source
-from a3po.models.tiny import SPECIAL_TOKENS, byte_tokenizer
+from a3po.models.tiny import SPECIAL_TOKENS, byte_tokenizer, parse_tiny_name, tiny_params
 
 TOKENIZER = byte_tokenizer()  # built once: hypothesis reruns the round-trip test many times
 
@@ -71,6 +72,16 @@ def test_tiny_shapes_and_variant():
     c = big.config
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (128, 4, 4, 2)
     assert big.num_parameters() > model.num_parameters()
+
+
+def test_tiny_sizes_by_name_count_their_parameters_without_building_them():
+    # per layer 9h^2 + 2h: q and o h x h, k and v h x h/2 (half as many kv heads), MLP 3 x h x 2h, two norms;
+    # plus the tied byte embedding 259 x h and the final norm h
+    count = lambda h, n: n * (9 * h * h + 2 * h) + 259 * h + h
+    assert parse_tiny_name("tiny-2048x16") == (2048, 16) and parse_tiny_name("tiny") == (64, 2)
+    assert tiny_params(2048, 16) == count(2048, 16) == 604_577_792  # the GPU check's ~600M model, on meta
+    small, _ = load_policy("tiny-128x3")
+    assert tiny_params(128, 3) == small.num_parameters() == count(128, 3)  # meta counts what is really built
 
 
 def test_tiny_vocab_and_special_ids_agree_with_model():

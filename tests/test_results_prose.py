@@ -415,16 +415,63 @@ def test_the_readme_states_the_resolution_of_its_claim():
 
 
 def resolution_missing(path: Path) -> list[str]:
-    """Sentences of a page that read "no measurable difference" (or "measured no different") without an interval or
-    a ± half-width in the same sentence. The phrase in quotes defines the words rather than reading a result."""
+    """Sentences of a page that read "no measurable difference" (or "nothing measurable", "measured no different",
+    at the start of a sentence too) without an interval or a ± half-width in the same sentence. The phrase in quotes
+    defines the words rather than reading a result."""
     return [s for s in sentences(path.read_text())
-            if re.search(r"(?<!\")no measurable difference|measured no different", s)
+            if re.search(r"(?<!\")(?:no measurable difference|nothing measurable)|measured no different", s, re.I)
             and not re.search(rf"\[{NUM}, {NUM}\]|±\s?\d", s)]
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/training.md", "docs/results.md"])
 def test_every_no_measurable_difference_states_its_resolution(page):
     assert resolution_missing(ROOT / page) == []
+
+
+def half_widths_meant(sentence: str, at: int) -> list[float]:
+    """The A-3PO - recompute half-widths a "±a to ±b" range at `at` of a sentence speaks of: the one-minibatch cells on
+    the table row of one optimizer step, the four-minibatch cells where "four minibatches" comes just before the
+    range, every cell otherwise."""
+    mb = 1 if sentence.startswith("| 1 ") else 4 if "four minibatches" in sentence[max(0, at - 30):at] else None
+    return sorted((p["interval"][1] - p["interval"][0]) / 2 for folder in STUDY for p in load(folder)["paired"]
+                  if (p["arm"], p["reference"]) == ("loglinear", "recompute") and mb in (None, p["minibatches"]))
+
+
+# where the resolution of the A-3PO - recompute comparison is quoted as a range of half-widths
+RESOLUTIONS = ("README.md", "docs/training.md#Which proximal method when", "A-3PO against recomputing",
+               "Defaults, from this evidence")
+
+
+@pytest.mark.parametrize("start", RESOLUTIONS)
+def test_a_range_of_half_widths_is_that_of_the_cells_it_speaks_of(start):
+    text = (ROOT / start).read_text() if start.endswith(".md") else section(start)
+    lines = text.splitlines()
+    units = [normal(row) for row in lines if row.startswith("|")]  # a table row whole: its first cell says its cells
+    units += sentences("\n".join(line for line in lines if not line.startswith("|")))
+    found = [(s, m) for s in units for m in re.finditer(rf"±({NUM})(?: to ±|-)({NUM})", s)]
+    assert found, f"{start} should give the resolution of its A-3PO - recompute comparison"
+    for s, m in found:
+        halves = half_widths_meant(s, m.start())
+        assert agree([halves[0], halves[-1]], m.groups()), (m.group(0), halves[0], halves[-1], s)
+
+
+def equivalence_margin() -> str:
+    """The margin the equivalence study's plan fixed before its runs."""
+    plan = normal((RESULTS / "equivalence-pilot" / "PLAN.md").read_text())
+    margins = set(re.findall(r"equivalent within (\d\.\d+)", plan))
+    assert len(margins) == 1, f"the equivalence pilot's PLAN.md should name one margin, not {margins}"
+    return margins.pop()
+
+
+@pytest.mark.parametrize("start", ["A-3PO against recomputing", "docs/training.md#Which proximal method when"])
+def test_the_claim_says_no_cell_is_shown_equivalent_and_names_the_study_under_way(start):
+    """Nothing has been shown equivalent; the claim says so, and names the margin of the study that could show it."""
+    text = normal(section(start))
+    found = re.search(rf"No cell has been shown equivalent: an equivalence study with a margin of ±({NUM})[^.]*? is "
+                      r"under way", text)
+    assert found, f"{start} should say that no cell has been shown equivalent and which study is under way"
+    assert found.group(1) == equivalence_margin(), (found.group(0), equivalence_margin())
+    assert "docs/results/equivalence-pilot/PLAN.md" in text
 
 
 def test_the_single_turn_base_model_is_quoted_as_recorded():
@@ -603,3 +650,29 @@ def test_the_equivalence_pilot_s_table_and_decision_are_its_records():
     mean_final, mean_base = sum(finals) / 4, sum(bases) / 4
     assert f"mean final accuracy, {mean_final:.3f}, exceeds the mean base, {mean_base:.3f}, by " \
            f"{mean_final - mean_base:.3f}" in " ".join(text.split())
+
+
+def test_part_10_quotes_the_fidelity_record():
+    """Every number of part 10's reading of `a3po bench fidelity` is its committed record's."""
+    record = json.loads((DOCS / "results/fidelity-yardstick/results.json").read_text())
+    text = normal(section("Part 10:"))
+    silent = [r["step"] for r in record["records"] if r["signal_tokens"] == 0]
+    assert f"Three of the four recorded steps ({', '.join(map(str, silent))})" in text
+    (rec,) = [r for r in record["records"] if r["signal_tokens"] > 0]
+    row = {(r["arm"], r["cell"]): r for r in rec["rows"]}
+    assert f"Step {rec['step']} trains on {rec['tokens']} tokens, {rec['signal_tokens']} with A ≠ 0" in text
+    assert f"{row['loglinear', 'A>0']['tokens']} with A > 0 and {row['loglinear', 'A<0']['tokens']} with A < 0" in text
+    ll, co = row["loglinear", "all"], row["coupled", "all"]
+    for quoted in (f"a cosine of {ll['cos']:.4f} with recompute's, the same norm ({ll['rel_norm']:.3f}) and a "
+                   f"relative error of {ll['rel_err']:.3f}", f"KL of {ll['kl']:.1e} per held-out token",
+                   f"(cosine {row['loglinear', 'A<0']['cos']:.4f}; {row['loglinear', 'A>0']['cos']:.4f} on A > 0)",
+                   f"Linear: {row['linear', 'all']['cos']:.4f}",
+                   f"binds on {co['stats']['loss/clipped_frac']:.3f} of the step's tokens (loglinear "
+                   f"{ll['stats']['loss/clipped_frac']:.3f}, recompute 0)",
+                   f"cosine {co['cos']:.3f} with recompute's update ({row['coupled', 'A>0']['cos']:.3f} on the A > 0 "
+                   f"tokens, {row['coupled', 'A<0']['cos']:.3f} on A < 0), KL {co['kl']:.1e}"):
+        assert normal(quoted) in text, quoted
+    recompute = row["recompute", "all"]["stats"]
+    assert all(recompute[k] == 0 for k in ("loss/clipped_frac", "loss/dual_clipped_frac", "loss/behav_capped_frac"))
+    assert all(row[arm, "all"]["cos"] == 1.0 and row[arm, "all"]["rel_err"] == 0.0
+               for arm in ("recompute-noclip", "reuse"))

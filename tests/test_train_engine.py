@@ -8,6 +8,7 @@ exactly as an uninterrupted one.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -165,6 +166,38 @@ def test_stats_of_a_step(tiny):
     assert two["loss/ratio_max"] - two["loss/ratio_min"] > 1e-4
 
 
+CORRECTED_RUNS = {
+    # CISPO with a token TIS and a geometric band, both on the current weights' ratio to the sampler (one update
+    # at this learning rate moves the sequences' geometric-mean ratios to 0.72 .. 1.37 on this batch)
+    "cispo+tis+geometric": ("actor.policy_loss=cispo", "actor.correction.ratio=current", "actor.correction.tis=token",
+                            "actor.correction.tis_cap=1.2", "actor.correction.mis=geometric",
+                            "actor.correction.mis_low=0.75", "actor.correction.mis_high=1.25"),
+    # SAPO with IcePop on the behaviour weight and off-policy sequence masking
+    "sapo+icepop+opsm": ("actor.policy_loss=sapo", "actor.correction.mis=token", "actor.correction.mis_low=0.5",
+                         "actor.correction.mis_high=5", "actor.correction.opsm_delta=0.001"),
+}
+
+
+@pytest.mark.parametrize("name", CORRECTED_RUNS)
+def test_a_new_loss_with_corrections_trains_and_reports_what_they_did(tiny, name):
+    """The keys reach the engine: fresh samples (d = 0, theta = b up to the numerics) pass every correction; one
+    update later the same samples are stale, and the corrections act on them while the loss stays finite."""
+    model, tok = tiny
+    batch = fixed_batch(model, len(tok))
+    eng = TrainEngine(copy.deepcopy(model), actor_cfg(*CORRECTED_RUNS[name]), 4)
+    s0 = eng.ppo_update(batch)
+    s1 = eng.ppo_update(batch)
+    for s in (s0, s1):
+        assert math.isfinite(s["loss/total"]) and s["train/grad_norm"] > 0
+    assert s0["loss/corr_masked_frac"] == 0.0 and s0["loss/tis_truncated_frac"] == 0.0
+    if name.startswith("cispo"):
+        assert s1["loss/tis_truncated_frac"] > 0 and 0 < s1["loss/corr_masked_seq_frac"] < 1
+        assert s1["loss/corr_masked_frac_d1"] == s1["loss/corr_masked_frac"]  # every token is one version old
+    else:
+        assert 0 < s1["loss/opsm_masked_seq_frac"] <= 0.5  # negative advantages only: half the batch at most
+        assert s1["loss/corr_masked_seq_frac"] >= s1["loss/opsm_masked_seq_frac"]
+
+
 def test_lr_schedules_hand_values():
     # total 6 steps, warm-up 2: (s + 1) / 2 for s = 0, 1, then progress (s - 2) / 4 through the decay
     assert [lr_schedule("constant", 6, 2)(s) for s in range(7)] == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
@@ -289,3 +322,11 @@ def test_the_loss_spec_is_the_actor_configs_loss_settings():
     # term of the loss
     coupled = loss_spec(actor_cfg("actor.use_decoupled_loss=false", "actor.kl_ctl=0.1", "actor.kl_in_reward=true"))
     assert (coupled.behav_imp_weight_cap, coupled.m2_threshold, coupled.kl_coef) == (None, None, 0.0)
+    from a3po.algo.corrections import CorrectionSpec
+
+    corrected = loss_spec(actor_cfg("actor.policy_loss=sapo", "actor.sapo_tau_neg=2", "actor.correction.ratio=current",
+                                    "actor.correction.mis=token", "actor.correction.mis_high=5",
+                                    "actor.correction.opsm_delta=0.1"))
+    assert (corrected.policy_loss, corrected.sapo_tau_pos, corrected.sapo_tau_neg) == ("sapo", 1.0, 2.0)
+    assert corrected.correction == CorrectionSpec(ratio="current", tis="none", tis_cap=2.0, mis="token",
+                                                  mis_low=None, mis_high=5.0, opsm_delta=0.1)

@@ -5,11 +5,12 @@ Proves, with SmolLM2 (tied embeddings) in fp32: vLLM's behaviour log-probs equal
 compute_logp on the same weights within 1e-4, before and after a weight update that lands
 while sequences are in flight; those sequences hold both versions, per token, on the right
 side of the switch, every token covered by vLLM's version spans; samples follow their seeds
-whatever runs beside them, stop strings end a completion; multi-turn episodes reuse their cached
-prefix within a weight version and never across one; a bf16 engine's log-probs come closer to the
-trainer's with `actor.fp32_lm_head`; a saved LoRA adapter loads in vLLM as it is; and `a3po train
---preset tiny rollout.backend=vllm` (bf16 with the fp32 head) trains with staleness up to eta,
-resumes and leaves nothing behind in /dev/shm.
+whatever runs beside them, stop strings end a completion; with top-k, top-p and min-p the
+recorded log-probs are the filtered distribution's, which the trainer filtering the same way matches;
+multi-turn episodes reuse their cached prefix within a weight version and never across one; a bf16
+engine's log-probs come closer to the trainer's with `actor.fp32_lm_head`; a saved LoRA adapter loads
+in vLLM as it is; and `a3po train --preset tiny rollout.backend=vllm` (bf16 with the fp32 head) trains
+with staleness up to eta, resumes and leaves nothing behind in /dev/shm.
 """
 
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 from procs import a3po
 
+from a3po.algo.filters import SamplingFilter
 from a3po.config import load_config
 from a3po.models import load_policy
 from a3po.rollout.engine import GenerationRequest, generate
@@ -92,6 +94,24 @@ def test_samples_follow_their_seeds_and_stop_strings_end_them(smollm2, engine):
     assert c.output_ids != a.output_ids
     assert s.finish_reason == "stop" and "," in tok.decode(s.output_ids) and len(s.output_ids) < 40
     assert all(lp <= 0 for x in (a, c, s) for lp in x.output_logprobs)
+
+
+def test_filtered_sampling_log_probs_equal_the_trainer_filtering_the_same_way(smollm2, engine):
+    """top-k, top-p and min-p: vLLM records the filtered, renormalised log-prob (processed_logprobs), and the
+    trainer given the same filter computes the same one; unfiltered, the two part by the log of the kept mass."""
+    model, tok = smollm2
+    filt = SamplingFilter(top_k=50, top_p=0.9, min_p=0.05)
+    prompts = [tok.encode(p) for p in ["What is 3 + 4?", "Count to five:", "The sea is", "def f(x):"]]
+    done = generate(engine, [GenerationRequest(p, 16, rid=i, seed=200 + i, temperature=0.8, top_k=filt.top_k,
+                                               top_p=filt.top_p, min_p=filt.min_p) for i, p in enumerate(prompts)])
+    batch = collate([Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions) for c in done],
+                    pad_id=tok.pad_token_id)
+    cfg = load_config(None, ["actor.dtype=float32"]).actor
+    on = batch.loss_mask
+    same = TrainEngine(model, cfg, 1, temperature=0.8, sampling=filt).compute_logp(batch)
+    assert (same - batch.logp_behav)[on].abs().max().item() < TOL
+    plain = TrainEngine(model, cfg, 1, temperature=0.8).compute_logp(batch)
+    assert (batch.logp_behav - plain)[on].max().item() > 0.05
 
 
 def test_episodes_on_vllm_reuse_their_prefix_within_a_version_and_never_across(smollm2, engine):

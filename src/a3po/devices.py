@@ -18,6 +18,7 @@ import torch
 
 from a3po.config import ConfigError
 from a3po.config.choices import AUTO, Device, Dtype
+from a3po.machine import machine
 
 TORCH_DTYPES = {Dtype.FLOAT32: torch.float32, Dtype.BFLOAT16: torch.bfloat16}  # every resolved Dtype name
 
@@ -35,6 +36,20 @@ def resolve_device(name: str, key: str) -> torch.device:
         if device.index is not None and device.index >= count:
             raise ConfigError(f"{key}={name}, but torch sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}")
     return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device`: CUDA kernels run after their launch returns, so a clock read
+    without this times the launches, not the work. Nothing to wait for on the CPU."""
+    if device.type == Device.CUDA:
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """What a measurement on `device` ran on, for its record: the GPU's name, or the CPU's model."""
+    if device.type == Device.CUDA:
+        return torch.cuda.get_device_name(device)
+    return machine()["cpu"]
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -3,6 +3,8 @@
     variants.py    the names of every variant (prox methods, cap modes, IS levels, ...), torch-free
     prox.py        proximal log-probs: recompute, loglinear (A-3PO), linear, reuse, metrics
     loss.py        decoupled PPO loss (clipping, dual clip, behaviour-weight cap, GSPO, M2PO)
+    surrogates.py  the per-token surrogate: PPO's clip, CISPO, SAPO
+    corrections.py off-policy corrections of the behaviour weight: TIS, MIS/IcePop, geometric mask, OPSM
     masked.py      masked reductions and the loss aggregation modes
     advantages.py  reward shaping, GRPO / Dr.GRPO / RLOO / batch normalisation
     kl.py          KL estimators k1/k2/k3, KL in reward

@@ -5,10 +5,13 @@ Per generated token t, with theta = current log-prob (grad), p = proximal, b = b
     r_t = exp(theta_t - p_t)                                   trust-region ratio
     s_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_clip, 1 + eps_clip_higher))
           and, with dual clip c > 1, s_t = min(s_t, -c A_t) where A_t < 0
+          (policy_loss="cispo" or "sapo" replace this surrogate: surrogates.py)
     w_t = exp(p_t - b_t), detached                             behaviour importance weight
           above behav_imp_weight_cap: *_mask drops the token (w = 0, it still counts in the
           token-mean denominator, as in AReaL), *_truncate clamps w to the cap;
-          sequence_* uses the sequence's geometric-mean weight for all its tokens
+          sequence_* uses the sequence's geometric-mean weight for all its tokens;
+          then the off-policy corrections (TIS, MIS, IcePop, geometric mask, OPSM) rescale
+          or zero w (corrections.py)
     loss = aggregate(s_t w_t) - entropy_coef * aggregate(H_t) + kl_coef * aggregate(KL_t)
 
 Options beyond the plain objective:
@@ -18,6 +21,9 @@ Options beyond the plain objective:
   A_t when advantages are per sequence, as GRPO's are), both shared by its tokens: a token
   keeping its own A_t under the shared r would be clipped on its own sign of A_t. Both means
   run over the tokens that count, so a token that token_mask drops enters neither.
+- importance_sampling_level="sequence_token" (GSPO-token, same paper): each token keeps its own A_t
+  and its own gradient, under the value of its sequence's ratio: log r_t = sg(mean_s log r_s) +
+  log r_t - sg(log r_t). With one advantage per sequence it is GSPO.
 - m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
   largest first, until the mean of the rest is at most the threshold.
 
@@ -42,10 +48,10 @@ import torch
 from torch import Tensor
 
 from a3po.algo import variants
+from a3po.algo.corrections import LOG_RATIO_LIMIT, CorrectionSpec, correct
 from a3po.algo.masked import AGGREGATORS, aggregate, masked_mean
+from a3po.algo.surrogates import SURROGATES, SurrogateParams
 from a3po.algo.variants import implements, lookup
-
-LOG_RATIO_LIMIT = 20.0
 
 
 @dataclass
@@ -60,6 +66,12 @@ class LossTerms:
     capped: Tensor  # bool: w_t exceeded the cap
     m2_dropped: Tensor  # bool: removed by M2PO
     pg: Tensor  # s_t * w_t
+    tis_truncated: Tensor  # bool: TIS lowered w_t (actor.correction.tis)
+    corr_masked: Tensor  # bool: an off-policy mask dropped the token (actor.correction.mis, opsm_delta)
+    opsm_masked: Tensor  # bool: OPSM dropped the token's sequence
+    seq_first: Tensor  # bool: the first token of each sequence that counts, to count sequences once
+    seq_truncated: Tensor  # bool, on every token of a sequence with a tis_truncated token
+    seq_masked: Tensor  # bool, on every token of a sequence with a corr_masked token
 
 
 def _safe_log_ratio(a: Tensor, b: Tensor) -> Tensor:
@@ -112,8 +124,25 @@ def _per_token(x: Tensor, mask: Tensor) -> Tensor:
     return x
 
 
-# importance_sampling_level: how log r and A are pooled before the surrogate
-IS_LEVELS = implements({"token": _per_token, "sequence": _sequence_mean}, variants.IS_LEVELS)
+def _sequence_value_token_gradient(x: Tensor, mask: Tensor) -> Tensor:
+    """GSPO-token's log ratio: the sequence mean's value, each token's own gradient."""
+    return _sequence_mean(x, mask).detach() + x - x.detach()
+
+
+@dataclass(frozen=True)
+class IsLevel:
+    """How log r and A are pooled before the surrogate."""
+
+    log_ratio: Callable[[Tensor, Tensor], Tensor]
+    adv: Callable[[Tensor, Tensor], Tensor]
+
+
+# importance_sampling_level
+IS_LEVELS = implements({
+    "token": IsLevel(_per_token, _per_token),
+    "sequence": IsLevel(_sequence_mean, _sequence_mean),  # GSPO
+    "sequence_token": IsLevel(_sequence_value_token_gradient, _per_token),  # GSPO-token
+}, variants.IS_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -131,6 +160,10 @@ class LossSpec:
     behav_imp_weight_mode: str = "token_mask"  # CAP_MODES: what the cap does
     importance_sampling_level: str = "token"  # IS_LEVELS: r and A per token or per sequence (GSPO)
     m2_threshold: float | None = None  # M2PO's bound on the second moment of log(p/b); None disables
+    correction: CorrectionSpec = CorrectionSpec()  # off-policy corrections of w (corrections.py); none by default
+    policy_loss: str = "ppo"  # surrogates.SURROGATES: PPO's clip, CISPO or SAPO
+    sapo_tau_pos: float = 1.0  # SAPO's gate temperature for A > 0
+    sapo_tau_neg: float = 1.05  # and for A <= 0
     agg_mode: str = "token-mean"  # masked.AGGREGATORS: per-token losses to one number
     agg_norm: float = 1.0  # constant divisor of seq-mean-token-sum
     entropy_coef: float = 0.0  # entropy bonus
@@ -138,19 +171,25 @@ class LossSpec:
 
     def __post_init__(self) -> None:
         _ = self.cap_mode, self.pool, lookup(AGGREGATORS, self.agg_mode, "loss aggregation mode")
+        lookup(SURROGATES, self.policy_loss, "policy_loss")
 
     @property
     def cap_mode(self) -> CapMode:
         return lookup(CAP_MODES, self.behav_imp_weight_mode, "behav_imp_weight_mode")
 
     @property
-    def pool(self) -> Callable[[Tensor, Tensor], Tensor]:
-        """How log r and A are pooled before the surrogate: per token, or each sequence's mean."""
+    def pool(self) -> IsLevel:
+        """How log r and A are pooled before the surrogate: per token, each sequence's mean, or GSPO-token's."""
         return lookup(IS_LEVELS, self.importance_sampling_level, "importance_sampling_level")
 
     @property
     def eps_high(self) -> float:
         return self.eps_clip if self.eps_clip_higher is None else self.eps_clip_higher
+
+    @property
+    def surrogate(self) -> SurrogateParams:
+        return SurrogateParams(eps_low=self.eps_clip, eps_high=self.eps_high, c_clip=self.c_clip,
+                               tau_pos=self.sapo_tau_pos, tau_neg=self.sapo_tau_neg)
 
 
 def behaviour_weight(
@@ -167,6 +206,16 @@ def behaviour_weight(
     if mode.drop:
         return w, torch.where(capped, torch.zeros_like(w), w), capped
     return w, w.clamp(max=cap), capped
+
+
+def _first_of_each_row(mask: Tensor) -> Tensor:
+    """True on each row's first True of `mask` (B, T), so a flattened mean over these counts sequences."""
+    return mask & (mask.cumsum(-1) == 1)
+
+
+def _whole_row(flags: Tensor) -> Tensor:
+    """Each row's any(), on every position of the row (B, T)."""
+    return flags.any(-1, keepdim=True).expand_as(flags)
 
 
 def ppo_loss(
@@ -189,6 +238,7 @@ def ppo_loss(
     under a shared ratio would let each token's own sign of A_t decide whether it is clipped.
     """
     mask = mask.bool()
+    seq_first = _first_of_each_row(mask)  # before M2PO: every sequence given counts once
     zero = torch.zeros((), dtype=logp_theta.dtype, device=logp_theta.device)
     theta = torch.where(mask, logp_theta, zero)
     prox = torch.where(mask, logp_prox.detach(), zero)
@@ -206,26 +256,25 @@ def ppo_loss(
     cap_mode = spec.cap_mode
     w_raw, w, capped = behaviour_weight(prox, behav, mask, spec.behav_imp_weight_cap, cap_mode)
 
-    # 3. Trust-region ratio r = pi_theta / pi_prox and advantage, per token or per sequence (GSPO). A token
-    #    the cap drops on its own leaves the sequence mean too: it must not move what its neighbours train with.
+    # 3. Off-policy corrections: TIS rescales w, the masks (MIS, IcePop, geometric, OPSM) zero it.
+    fix = correct(prox, theta, behav, adv, mask, spec.correction)
+    w = w * fix.factor
+
+    # 4. Trust-region ratio r = pi_theta / pi_prox and advantage, per token or per sequence (GSPO). A token
+    #    a token-level cap or mask drops leaves the sequence mean too: it must not move what its neighbours
+    #    train with.
     pool = spec.pool
-    in_mean = mask & ~capped if cap_mode.drop and not cap_mode.per_sequence else mask
-    ratio = torch.exp(pool(_safe_log_ratio(theta, prox), in_mean))
-    adv = torch.where(mask, pool(adv, in_mean), zero)
+    token_drop = fix.token_drop | (capped if cap_mode.drop and not cap_mode.per_sequence else torch.zeros_like(mask))
+    in_mean = mask & ~token_drop
+    log_r = pool.log_ratio(_safe_log_ratio(theta, prox), in_mean)
+    adv = torch.where(mask, pool.adv(adv, in_mean), zero)
 
-    # 4. Clipped surrogate s_t, with the optional dual clip for negative advantages, times w_t.
-    pg_unclipped = -adv * ratio
-    pg_clipped = -adv * ratio.clamp(1.0 - spec.eps_clip, 1.0 + spec.eps_high)
-    pg = torch.maximum(pg_unclipped, pg_clipped)
-    clipped = (pg_clipped > pg_unclipped) & mask
-    dual_clipped = torch.zeros_like(mask)
-    if spec.c_clip is not None:
-        bound = -adv * spec.c_clip
-        dual_clipped = (adv < 0) & (pg > bound) & mask
-        pg = torch.where(dual_clipped, bound, pg)
-    pg = pg * w
+    # 5. The surrogate s_t (PPO's clip with the optional dual clip, CISPO or SAPO), times w_t.
+    s = SURROGATES[spec.policy_loss](log_r, adv, spec.surrogate)
+    clipped, dual_clipped = s.clipped & mask, s.dual_clipped & mask
+    pg = s.pg * w
 
-    # 5. Aggregate, then the optional entropy bonus and KL penalty.
+    # 6. Aggregate, then the optional entropy bonus and KL penalty.
     def agg(x: Tensor) -> Tensor:  # (B, T) -> ()
         return aggregate(x, mask, spec.agg_mode, spec.agg_norm, n_tokens, n_seqs)
 
@@ -237,13 +286,19 @@ def ppo_loss(
 
     terms = LossTerms(
         mask=mask,
-        ratio=ratio.detach(),
+        ratio=torch.exp(log_r.detach()),
         clipped=clipped,
         dual_clipped=dual_clipped,
         behav_weight=w_raw,
         capped=capped,
         m2_dropped=m2_dropped,
         pg=pg.detach(),
+        tis_truncated=fix.truncated,
+        corr_masked=fix.masked | fix.opsm,
+        opsm_masked=fix.opsm,
+        seq_first=seq_first,
+        seq_truncated=_whole_row(fix.truncated),
+        seq_masked=_whole_row(fix.masked | fix.opsm),
     )
     return loss, terms
 

@@ -35,6 +35,12 @@ def loss_stats(
         "loss/behav_capped_frac": masked_mean(terms.capped.float(), m),
         "loss/m2_dropped_frac": masked_mean(terms.m2_dropped.float(), loss_mask.bool()),
         "loss/approx_kl": masked_mean((logp_prox - logp_theta).detach(), m),
+        # the off-policy corrections, over the loss mask's tokens and over its sequences (each counted once)
+        "loss/tis_truncated_frac": masked_mean(terms.tis_truncated.float(), m),
+        "loss/tis_truncated_seq_frac": masked_mean(terms.seq_truncated.float(), terms.seq_first),
+        "loss/corr_masked_frac": masked_mean(terms.corr_masked.float(), m),
+        "loss/corr_masked_seq_frac": masked_mean(terms.seq_masked.float(), terms.seq_first),
+        "loss/opsm_masked_seq_frac": masked_mean(terms.opsm_masked.float(), terms.seq_first),
     }
     if entropy is not None:
         out["loss/entropy"] = masked_mean(entropy.detach(), m)
@@ -45,15 +51,18 @@ LOW_D = 2  # "fresh" for the gradient-share statistic: tokens at most this many 
 
 
 def loss_by_staleness(terms: LossTerms, d: Tensor, adv: Tensor, grad_coef: Tensor) -> dict[str, float]:
-    """Where the clip and the cap act, per staleness d (each (1, N) over the tokens that count), and the share of
-    the update's per-token weight |dloss/dtheta_t| (the coefficient of grad log pi(y_t) in the gradient) that
-    falls on tokens with A_t < 0 and d_t <= LOW_D: the tokens an unbounded ratio can blow up when p = b."""
+    """Where the clip, the cap and the off-policy corrections act, per staleness d (each (1, N) over the tokens
+    that count), and the share of the update's per-token weight |dloss/dtheta_t| (the coefficient of
+    grad log pi(y_t) in the gradient) that falls on tokens with A_t < 0 and d_t <= LOW_D: the tokens an
+    unbounded ratio can blow up when p = b."""
     m = terms.mask.bool()
     out = {}
     for k in sorted(set(d[m].tolist())):
         at = m & (d == k)
         out[f"loss/clipped_frac_d{k}"] = float(masked_mean(terms.clipped.float(), at))
         out[f"loss/behav_capped_frac_d{k}"] = float(masked_mean(terms.capped.float(), at))
+        out[f"loss/tis_truncated_frac_d{k}"] = float(masked_mean(terms.tis_truncated.float(), at))
+        out[f"loss/corr_masked_frac_d{k}"] = float(masked_mean(terms.corr_masked.float(), at))
     weight = grad_coef.abs().masked_fill(~m, 0.0)
     total = float(weight.sum())
     low = float(weight[m & (adv < 0) & (d <= LOW_D)].sum())

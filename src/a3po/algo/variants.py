@@ -38,7 +38,11 @@ PROX_TRAITS: dict[str, ProxTraits] = {t.name: t for t in (  # actor.prox_logp_me
 )}
 PROX_METHODS = tuple(PROX_TRAITS)
 BEHAV_WEIGHT_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate")  # loss.py
-IS_LEVELS = ("token", "sequence")  # actor.importance_sampling_level (loss.py)
+IS_LEVELS = ("token", "sequence", "sequence_token")  # actor.importance_sampling_level (loss.py)
+POLICY_LOSSES = ("ppo", "cispo", "sapo")  # actor.policy_loss (surrogates.py)
+CORRECTION_RATIOS = ("behav", "current")  # actor.correction.ratio (corrections.py)
+TIS_LEVELS = ("none", "token", "sequence")  # actor.correction.tis (corrections.py)
+MIS_KINDS = ("none", "token", "sequence", "geometric")  # actor.correction.mis (corrections.py)
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # actor.loss_agg_mode (masked.py)
 KL_ESTIMATORS = ("k1", "k2", "k3")  # actor.kl_estimator (kl.py)
 ADV_NORM_LEVELS = ("group", "batch", "none")  # actor.adv_norm.mean_level / std_level (advantages.py)

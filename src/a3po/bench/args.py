@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from a3po.algo.variants import PROX_METHODS, prox_traits
-from a3po.config.choices import AUTO, Backend, Dtype
+from a3po.config.choices import AUTO, Backend, Device, Dtype
 
 # bench step's proximal methods: every way of getting p; metrics is recompute plus error bookkeeping
 METHODS = tuple(m for m in PROX_METHODS if not prox_traits(m).reports_errors)
@@ -68,6 +69,15 @@ def option(default: Any, help: str | None = None, **rules: Any) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+DEVICE_HELP = ("where the model, the batch and the timed work run: cpu, cuda or cuda:N (auto: cuda when torch sees "
+               "one); the record names the GPU or CPU")
+
+
+def _device_problems(device: str) -> list[str]:
+    """--device's spelling (actor.device's, Device.PATTERN); whether torch sees it is asked when the benchmark runs."""
+    return [] if re.fullmatch(Device.PATTERN, device) else [f"--device {device}: {Device.PATTERN_HELP}"]
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
@@ -189,7 +199,9 @@ class StepBenchArgs(BenchArgs):
     description = ("Time ppo_update on one fixed batch for each proximal method at each minibatch count, "
                    "and the proximal computation alone.")
 
-    model: str = option("smollm2-135m-instruct", "actor.path (tiny-256x4 for a quick run)")
+    model: str = option("smollm2-135m-instruct", "actor.path (tiny-256x4 for a quick run, tiny-2048x16 for about "
+                                                 "600M parameters with no download)")
+    device: str = option(Device.CPU, DEVICE_HELP)
     dtype: str = option(AUTO, choices=Dtype.CHOICES)
     batch: int = option(8, "sequences in the batch", ge=1)
     prompt_len: int = option(40, ge=1)
@@ -208,8 +220,12 @@ class StepBenchArgs(BenchArgs):
     out: str = option("runs/bench-step", "output folder (suffixed -2, -3, ... if taken)")
 
     def _problems(self) -> list[str]:
-        return [f"--minibatches: {m} must be between 1 and --batch" for m in self.minibatches
-                if not 1 <= m <= self.batch]
+        out = _device_problems(self.device)
+        if self.memory and self.device != Device.CPU:
+            out.append(f"--memory measures the process's resident CPU memory, not the device's: leave it out "
+                       f"with --device {self.device}")
+        return out + [f"--minibatches: {m} must be between 1 and --batch" for m in self.minibatches
+                      if not 1 <= m <= self.batch]
 
 
 @dataclass
@@ -221,6 +237,7 @@ class RolloutBenchArgs(BenchArgs):
                    "its log-probs with the trainer's.")
 
     model: str = option("smollm2-135m-instruct", "actor.path (tiny for a quick run)")
+    device: str = option(Device.CPU, DEVICE_HELP + "; vLLM places itself")
     dtypes: list[str] = option(list(ROLLOUT_DTYPES), choices=ROLLOUT_DTYPES, nonempty=True, unique=True)
     engines: list[str] = option([Engine.LOCAL, Engine.LOCAL_HF, Engine.GENERATE],
                                 "vllm: where vLLM is installed, docs/scaling.md", choices=ROLLOUT_ENGINES,
@@ -241,7 +258,8 @@ class RolloutBenchArgs(BenchArgs):
 
     def _problems(self) -> list[str]:
         divides = self.group < 1 or self.batch % self.group == 0  # below 1 is the field's own problem
-        return [] if divides else [f"--group {self.group}: must divide --batch {self.batch}"]
+        return _device_problems(self.device) + ([] if divides else [f"--group {self.group}: must divide --batch "
+                                                                    f"{self.batch}"])
 
 
 @dataclass

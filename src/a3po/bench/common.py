@@ -30,6 +30,12 @@ def fmt_s(x: float) -> str:
     return f"{x:.2f} s" if x >= 0.1 else f"{x * 1e3:.3f} ms"
 
 
+def on_device(record: dict) -> str:
+    """The GPU a step or rollout record ran on, for its caption ("on cuda:0 (NVIDIA H100 80GB HBM3), "); nothing
+    on the CPU, which the caption's machine line names."""
+    return f"on {record['device']} ({record['device_name']}), " if record.get("device", "cpu") != "cpu" else ""
+
+
 def save_report(out: Path, name: str, record: dict, markdown: str) -> None:
     """`<name>.json` and `<name>.md` in `out`, and the folder in the record for `print_report`."""
     write_json(out / f"{name}.json", record)

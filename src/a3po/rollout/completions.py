@@ -55,7 +55,7 @@ class Completions:
         for rid, seed in zip(self.generating.open(key, len(seeds)), seeds):
             self.engine.submit(GenerationRequest(
                 ids, g.max_new_tokens, rid=rid, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                greedy=greedy, stop=tuple(g.stop), seed=seed,
+                min_p=g.min_p, greedy=greedy, stop=tuple(g.stop), seed=seed,
             ))
 
     def finished_turn(self, c: Completion) -> None:

@@ -31,6 +31,7 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k
+    min_p: float = 0.0  # 0 = no min-p
     greedy: bool = False  # argmax decoding (evaluation); log-probs are then the raw model's
     stop_token_ids: tuple[int, ...] = ()  # in addition to the engine's end-of-sequence ids
     stop: tuple[str, ...] = ()  # stop strings, matched on the decoded output

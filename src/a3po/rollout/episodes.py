@@ -59,6 +59,7 @@ class Turns:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     system_prompt: str | None = None
 
     @classmethod
@@ -66,7 +67,7 @@ class Turns:
         """spec: the environment (its stop strings end a turn too); None for an agent's calls."""
         g, d = cfg.gconfig, cfg.train_dataset
         return cls(d.max_turns, g.max_new_tokens, d.max_context_tokens, (*g.stop, *(spec.stop if spec else ())),
-                   g.temperature, g.top_p, g.top_k, d.system_prompt)
+                   g.temperature, g.top_p, g.top_k, g.min_p, d.system_prompt)
 
 
 @dataclass
@@ -220,8 +221,8 @@ class EpisodeRunner:
         context = ep.context
         request = GenerationRequest(
             context, min(t.max_new_tokens, t.max_context - len(context)), rid=ep.eid, temperature=t.temperature,
-            top_p=t.top_p, top_k=t.top_k, greedy=ep.greedy, stop=t.stop, seed=ep.seed * 64 + len(ep.actions),
-            session=ep.eid,
+            top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, greedy=ep.greedy, stop=t.stop,
+            seed=ep.seed * 64 + len(ep.actions), session=ep.eid,
         )
         if self.rounds:
             self._next.append(request)

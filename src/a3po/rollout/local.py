@@ -229,7 +229,7 @@ class LocalEngine:
         rs = [r.request for r in self._running]
         return sample(self._logits, torch.tensor([r.temperature for r in rs]), torch.tensor([r.top_k for r in rs]),
                       torch.tensor([r.top_p for r in rs]), torch.tensor([r.greedy for r in rs]),
-                      [r.generator for r in self._running])
+                      [r.generator for r in self._running], torch.tensor([r.min_p for r in rs]))
 
     def _hit_stop_string(self, r: _Running) -> bool:
         if not r.request.stop or self.decode is None:

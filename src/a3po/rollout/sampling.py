@@ -1,8 +1,8 @@
 """Next-token sampling with per-row settings and per-row random streams.
 
 `sample` returns each row's token and its log-prob under the distribution it was drawn
-from (temperature, top-k, top-p applied), so the behaviour log-prob is exactly the
-probability of the draw. Each row draws with one uniform from its own generator, by
+from (temperature, then min-p, top-k and top-p as algo/filters.py applies them), so the
+behaviour log-prob is exactly the probability of the draw. Each row draws with one uniform from its own generator, by
 inverse CDF: a request's samples depend on its seed only, not on which other requests
 share the batch (continuous batching gives the same samples as one request at a time).
 
@@ -19,15 +19,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from a3po.algo.filters import filter_logits
+
 BLOCK = 256  # tokens per block of the two-level inverse CDF
 
 
 def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, greedy: Tensor,
-           generators: list[torch.Generator]) -> tuple[Tensor, Tensor]:
+           generators: list[torch.Generator], min_p: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One token per row and its log-prob: (B,) long, (B,) float. Greedy rows take the argmax of
-    the raw logits and report the raw model's log-prob (their temperature, top-k, top-p unused)."""
-    on, temperature, top_k, top_p = (t.to(logits.device) for t in (greedy, temperature, top_k, top_p))
-    z = _processed(logits, temperature.masked_fill(on, 1.0), top_k.masked_fill(on, 0), top_p.masked_fill(on, 1.0))
+    the raw logits and report the raw model's log-prob (their temperature and filters unused)."""
+    min_p = torch.zeros(len(generators)) if min_p is None else min_p
+    on, temperature, top_k, top_p, min_p = (t.to(logits.device) for t in (greedy, temperature, top_k, top_p, min_p))
+    t = temperature.masked_fill(on, 1.0)
+    z = logits.float() / t[:, None] if (t != 1).any() else logits
+    z = filter_logits(z, top_k.masked_fill(on, 0), top_p.masked_fill(on, 1.0), min_p.masked_fill(on, 0.0))
     p = torch.softmax(z, dim=-1, dtype=torch.float32)  # (B, V), one fused pass
     B, V = p.shape
     pad = -V % BLOCK
@@ -46,23 +51,3 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, gr
     chosen = p.gather(1, tokens[:, None])[:, 0]
     return tokens, torch.log(chosen)
 
-
-def _processed(z: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Temperature, then top-k and top-p as -inf: the logits of the distribution that is sampled (fp32,
-    or the logits themselves when nothing applies)."""
-    if (temperature != 1).any():
-        z = z.float() / temperature[:, None]
-    V = z.shape[-1]
-    use_k = (top_k > 0) & (top_k < V)
-    use_p = top_p < 1.0
-    if not (use_k.any() or use_p.any()):
-        return z
-    z = z.float()
-    sorted_z, order = z.sort(dim=-1, descending=True)  # (B, V)
-    rank = torch.arange(V, device=z.device)[None]
-    keep = ~use_k[:, None] | (rank < top_k[:, None])
-    probs = torch.softmax(sorted_z.masked_fill(~keep, float("-inf")), -1)
-    mass_before = probs.cumsum(-1) - probs  # probability of strictly better tokens
-    keep &= ~use_p[:, None] | (mass_before < top_p[:, None])
-    keep[:, 0] = True
-    return torch.full_like(z, float("-inf")).scatter(-1, order, sorted_z.masked_fill(~keep, float("-inf")))

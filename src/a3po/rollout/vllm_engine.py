@@ -103,6 +103,7 @@ class VLLMEngine:
         params = self._vllm.SamplingParams(
             n=1, max_tokens=request.max_new_tokens, seed=request.seed, logprobs=0,
             temperature=0.0 if request.greedy else request.temperature, top_p=request.top_p, top_k=request.top_k,
+            min_p=request.min_p,
             stop=list(request.stop) or None, stop_token_ids=[*self._eos, *request.stop_token_ids] or None,
             ignore_eos=not self._eos,  # no end-of-sequence ids given: no row stops at one (as in LocalEngine)
             detokenize=bool(request.stop),  # stop strings are matched on the text

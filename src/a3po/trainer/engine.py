@@ -54,10 +54,11 @@ from a3po.algo import (
     proximal_logp,
     staleness,
 )
+from a3po.algo.filters import NO_FILTER, SamplingFilter
 from a3po.algo.prox import ApproxErrors
 from a3po.config.choices import Dtype
 from a3po.config.schema import ActorConfig
-from a3po.devices import resolve_dtype, torch_dtype
+from a3po.devices import resolve_dtype, synchronize, torch_dtype
 from a3po.trainer.logprobs import PolicyLogp
 from a3po.trainer.objective import loss_spec
 from a3po.trainer.optim import build_optimizer
@@ -140,12 +141,13 @@ def minibatches(n_rows: int, n: int) -> list[list[int]]:
 
 class TrainEngine:
     def __init__(self, model, cfg: ActorConfig, total_optimizer_steps: int, temperature: float = 1.0,
-                 device: torch.device | str = "cpu", ranks: Ranks | None = None):
+                 device: torch.device | str = "cpu", ranks: Ranks | None = None,
+                 sampling: SamplingFilter = NO_FILTER):
         self.device = torch.device(device)
         self.model = model.float().to(self.device)
         self.cfg = cfg
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.temperature = temperature
+        self.temperature, self.sampling = temperature, sampling  # the distribution the engine samples from
         self.version = 0
         self.ranks: Ranks = ranks or OneProcess()
         self.method = get_method(cfg.prox_logp_method) if cfg.use_decoupled_loss else None
@@ -177,7 +179,7 @@ class TrainEngine:
         return self.trained.ref_model
 
     def _policy_of(self, model) -> PolicyLogp:
-        return PolicyLogp(model, self.temperature, self.autocast, self.cfg.fp32_lm_head)
+        return PolicyLogp(model, self.temperature, self.autocast, self.cfg.fp32_lm_head, self.sampling)
 
     # -- forward --------------------------------------------------------------------------
 
@@ -248,8 +250,10 @@ class TrainEngine:
         # 1. Proximal log-probs that cost a forward pass of version v (of this rank's rows).
         logp_v, stats["perf/prox_logp_s"] = None, 0.0  # exactly 0 where no pass runs
         if self.method and self.method.needs_recompute:
+            synchronize(self.device)  # each perf/ clock waits for the device's queued work (devices.py)
             t0 = time.perf_counter()
             logp_v = self.compute_logp(batch, rows=[i for rows in own for i in rows])
+            synchronize(self.device)
             stats["perf/prox_logp_s"] = time.perf_counter() - t0
 
         # 2. One optimizer step per minibatch, gradients accumulated over micro-batches. The loss
@@ -270,8 +274,10 @@ class TrainEngine:
                                              scale=p.loss_scale)
                 if p.counts:
                     pieces.append(piece)
+            synchronize(self.device)
             t_opt = time.perf_counter()
             grad_norms.append(self._optimizer_step())
+            synchronize(self.device)
             opt_s += time.perf_counter() - t_opt
         stats["perf/train_s"] = time.perf_counter() - t0
         stats["perf/optimizer_s"] = opt_s  # part of train_s: clipping, AdamW, scheduler

@@ -9,13 +9,17 @@ backward pass, so at most one (chunk, V) block exists at any time.
 Gradients, with z the temperature-scaled logits of one row, p = softmax(z), t the target:
     d log p_t / d z   = onehot(t) - p
     d H / d z_j       = -p_j (log p_j + H)
-and z = h W^T / temperature.
+and z = h W^T / temperature. With a sampling filter (gconfig.top_k, top_p, min_p) p is the filtered,
+renormalised distribution the engine samples from: the dropped tokens' p_j is 0, so they get no
+gradient, and the filter's choice of tokens is a constant of the step (as the sampled token is).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from a3po.algo.filters import NO_FILTER, SamplingFilter, filter_logits
 
 CHUNK_ELEMENTS = 1 << 24  # 16M logits (64 MB in fp32) per chunk
 
@@ -29,33 +33,37 @@ def _acc_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _chunk_log_softmax(h: Tensor, w: Tensor, temperature: float) -> Tensor:
-    """log p (n, V) of one chunk's temperature-scaled logits, in fp32 (fp64 for fp64 input)."""
+def _chunk_log_softmax(h: Tensor, w: Tensor, temperature: float, filt: SamplingFilter, targets: Tensor) -> Tensor:
+    """log p (n, V) of one chunk's temperature-scaled logits, in fp32 (fp64 for fp64 input). With a sampling filter,
+    of the filtered distribution: -inf on the tokens it drops, each target always kept."""
     z = (h @ w.T).to(_acc_dtype(h))  # (n, V)
     if temperature != 1.0:
         z /= temperature
+    if filt.active:
+        z = filter_logits(z, *filt.rows(len(z), z.device), keep=targets).to(z.dtype)
     return torch.log_softmax(z, dim=-1)  # one fused pass, cheaper than logsumexp and a subtraction
 
 
 def _entropy(p: Tensor, q: Tensor) -> Tensor:
-    return -(p * q).sum(-1)  # (n,)
+    return -(p * q.nan_to_num(neginf=0.0)).sum(-1)  # (n,); a filtered-out token (p = 0, q = -inf) adds nothing
 
 
 class _TokenLogpEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool):
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool,
+                filt: SamplingFilter):
         ctx.set_materialize_grads(False)
         w = weight.to(hidden.dtype)
         n = _rows_per_chunk(weight.shape[0])
         logp = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden), device=hidden.device)
         entropy = torch.zeros_like(logp)
         for s in range(0, hidden.shape[0], n):
-            q = _chunk_log_softmax(hidden[s : s + n], w, temperature)
+            q = _chunk_log_softmax(hidden[s : s + n], w, temperature, filt, targets[s : s + n])
             logp[s : s + n] = q.gather(-1, targets[s : s + n, None]).squeeze(-1)
             if with_entropy:
                 entropy[s : s + n] = _entropy(q.exp(), q)
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.filt = temperature, filt
         return logp, entropy
 
     @staticmethod
@@ -72,8 +80,10 @@ class _TokenLogpEntropy(torch.autograd.Function):
         n = _rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], n):
             h, t = hidden[s : s + n], targets[s : s + n]
-            q = _chunk_log_softmax(h, w, ctx.temperature)
+            q = _chunk_log_softmax(h, w, ctx.temperature, ctx.filt, t)
             p = q.exp()  # (n, V), computed once for both the entropy and the gradient
+            if ctx.filt.active:
+                q.nan_to_num_(neginf=0.0)  # filtered-out tokens: p = 0, so no gradient and no entropy from them
             if g_entropy is not None:
                 ge = g_entropy[s : s + n].to(acc)[:, None]
                 gz = q.add_(_entropy(p, q)[:, None]).mul_(ge).neg_()  # -g_ent (q + H)
@@ -93,17 +103,17 @@ class _TokenLogpEntropy(torch.autograd.Function):
                 grad_h[s : s + n] = (gz_c @ w).to(hidden.dtype)
             if grad_w is not None:
                 grad_w += (gz_c.T @ h.to(w.dtype)).to(acc)
-        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
 
 
 def token_logp_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
-                       with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+                       with_entropy: bool = True, filt: SamplingFilter = NO_FILTER) -> tuple[Tensor, Tensor]:
     """hidden (N, H), lm-head weight (V, H), targets (N,) -> (log pi(target), entropy),
-    each (N,) fp32 (fp64 for fp64 input).
+    each (N,) fp32 (fp64 for fp64 input), of the distribution `filt` leaves (algo/filters.py).
 
     with_entropy=False skips the entropy (returned as zeros) where nobody reads it, as in
     the no-grad proximal pass: one exp and one product over the vocabulary less."""
-    return _TokenLogpEntropy.apply(hidden, weight, targets, float(temperature), with_entropy)
+    return _TokenLogpEntropy.apply(hidden, weight, targets, float(temperature), with_entropy, filt)
 
 
 # On a CPU, up to this many tokens per sequence the model's plain matmul attention ("eager") runs the
@@ -120,10 +130,11 @@ class PolicyLogp(torch.nn.Module):
     FSDP2 gathers the sharded embedding, final norm and LM head around the root's forward,
     and the LM head here is used outside the Hugging Face model's own forward."""
 
-    def __init__(self, model, temperature: float, autocast_dtype: torch.dtype | None, fp32_head: bool):
+    def __init__(self, model, temperature: float, autocast_dtype: torch.dtype | None, fp32_head: bool,
+                 filt: SamplingFilter = NO_FILTER):
         super().__init__()
         self.model = model
-        self.temperature, self.autocast_dtype, self.fp32_head = temperature, autocast_dtype, fp32_head
+        self.temperature, self.autocast_dtype, self.fp32_head, self.filt = temperature, autocast_dtype, fp32_head, filt
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, pred_mask: Tensor,
                 with_entropy: bool = True) -> tuple[Tensor, Tensor]:
@@ -140,4 +151,4 @@ class PolicyLogp(torch.nn.Module):
             h = h.float()  # the head's matmul then runs on the fp32 master weight
         targets = input_ids[:, 1:][pred_mask]  # (N,)
         return token_logp_entropy(h, self.model.get_output_embeddings().weight, targets, self.temperature,
-                                  with_entropy)
+                                  with_entropy, self.filt)

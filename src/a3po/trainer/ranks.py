@@ -17,6 +17,7 @@ import sys
 import torch
 
 from a3po import child, signals
+from a3po.algo.filters import SamplingFilter
 from a3po.config import Config, ConfigError
 from a3po.devices import resolve_device
 from a3po.trainer import parallel
@@ -31,8 +32,10 @@ def build_engine(cfg: Config, model, device: torch.device, dp: parallel.DataPara
 
     torch.manual_seed(cfg.seed)
     total_opt_steps = cfg.total_train_steps * cfg.actor.ppo_n_minibatches
-    return TrainEngine(model, cfg.actor, total_opt_steps, temperature=cfg.gconfig.temperature, device=device,
-                       ranks=dp if dp is not None else parallel.OneProcess())
+    g = cfg.gconfig
+    return TrainEngine(model, cfg.actor, total_opt_steps, temperature=g.temperature, device=device,
+                       ranks=dp if dp is not None else parallel.OneProcess(),
+                       sampling=SamplingFilter(g.top_k, g.top_p, g.min_p))
 
 
 def rank_device(name: str, rank: int) -> torch.device:
