@@ -1,6 +1,7 @@
-"""Environments the tests script: picklable by reference (this folder is on the path of every a3po process the
-tests start, and of the environment's child process)."""
+"""Environments (and a reward) the tests script: picklable by reference (this folder is on the path of every a3po
+process the tests start, and of the environment's or reward's child process)."""
 
+import os
 import time
 
 from a3po.envs import Step
@@ -50,3 +51,8 @@ class NoStep:
 
     def reset(self):
         return "hi"
+
+
+def scorer_pid(completion, example) -> float:
+    """A reward that says which process scored: the pid of the reward's child process."""
+    return float(os.getpid())

@@ -62,7 +62,9 @@ class Harness:
         return ep.trajectories(self.tok, None)
 
     def close(self):
-        self.runner.close()
+        self.agents.close()
+        self.chat.close()
+        self.server.close()
 
 
 @pytest.fixture

@@ -39,7 +39,8 @@ from a3po.launch.local import LocalLauncher
 from a3po.models import load_policy
 from a3po.pipeline.controller import Controller
 from a3po.pipeline.pool import Lost, WorkerError, WorkerPool
-from a3po.rollout.worker import GroupDone, LoadWeights, Ready, Scoring, WeightsLoaded, Work
+from a3po.rollout.runners import Scoring
+from a3po.rollout.worker import GroupDone, LoadWeights, Ready, WeightsLoaded, Work
 from a3po.sync import SharedWeights
 from a3po.trajectories import Trajectory
 

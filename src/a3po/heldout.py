@@ -74,7 +74,7 @@ def evaluate(t: Target, samples: int) -> dict:
     from a3po.envs import build_env
     from a3po.models import load_policy, lora
     from a3po.pipeline.evaluate import Evaluator
-    from a3po.rollout.worker import Scoring
+    from a3po.rollout.runners import Scoring
 
     cfg = t.cfg
     extras.check(cfg, training=False)

@@ -43,7 +43,7 @@ from a3po.pipeline.pool import WorkerPool, split_threads
 from a3po.pipeline.sinks import Sinks
 from a3po.rollout import vllm_engine
 from a3po.rollout.prompts import ChatTurns, TemplateError
-from a3po.rollout.worker import Scoring
+from a3po.rollout.runners import Scoring
 from a3po.trainer import parallel, ranks
 from a3po.trainer.checkpoint import resume as resume_checkpoint
 from a3po.trainer.engine import TrainEngine

@@ -2,21 +2,18 @@
 or, with an environment or an agent, greedy episodes of them; or k sampled completions (episodes) per example.
 
 The run evaluates with it every evaluator.freq_steps, and `a3po eval` evaluates a finished model with it,
-so a number from either is the same measurement."""
+so a number from either is the same measurement. Its samples are a rollout worker's, from the same runner
+(rollout/runners.py), scored by the reward function alone (never reward_service)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from a3po.config import Config
-from a3po.data import CallProcess, Example, RewardProcess
-from a3po.envs.host import EnvHost
-from a3po.rollout import GenerationRequest, generate
-from a3po.rollout.episodes import EpisodeRunner, Turns
+from a3po.data import Example
+from a3po.rollout.groups import Group, GroupRunner, group_seeds
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.prompts import encode_prompt
-from a3po.rollout.worker import Scoring, request_seed, start_agents
-from a3po.trajectories import EpisodeInfo
+from a3po.rollout.runners import Runners, Scoring
 
 SOLVED = 1.0 - 1e-6  # a score at least this solves the example
 
@@ -31,19 +28,19 @@ class Evaluation:
 
 class Evaluator:
     """eval/accuracy: share of examples whose completion (episode) scores >= 1 (before any turn discount), averaged
-    over the samples; eval/reward: mean score. Owns the child processes that score, until `close`."""
+    over the samples; eval/reward: mean score. The child processes that score (reward, environment, agents) start
+    with the first call and serve every call until `close`; each call's engine is over the model it is given.
+    """
 
     def __init__(self, cfg: Config, scoring: Scoring):
         self.cfg, self.scoring = cfg, scoring
-        self.reward = RewardProcess(scoring.reward_fn, cfg.train_dataset.reward_timeout_s)
-        self.env = None
-        if scoring.env is not None:
-            self.env = CallProcess(EnvHost(scoring.env.factory), cfg.train_dataset.env_timeout_s, what="environment")
+        self.runners: Runners | None = None
 
     def close(self) -> None:
-        self.reward.close()
-        if self.env is not None:
-            self.env.close()
+        """End the child processes."""
+        if self.runners is not None:
+            self.runners.close()
+            self.runners = None
 
     def __call__(self, model, tokenizer, examples: list[Example], samples: int = 1,
                  greedy: bool = True) -> Evaluation:
@@ -53,65 +50,39 @@ class Evaluator:
         samples = 1 if greedy else samples
         engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode, max_batch=64,
                              forward=cfg.rollout.forward)
-        cases = [(i, s) for i in range(len(examples)) for s in range(samples)]
-        seed = lambda i, s: request_seed(cfg.seed, -1 - i, s)  # slots below 0: never a training group's
-        if self.scoring.agent is not None:
-            scores, infos = self._agent_episodes(engine, tokenizer, examples, cases, seed, greedy)
-        elif self.env is not None:
-            scores, infos = self._episodes(engine, tokenizer, examples, cases, seed, greedy)
-        else:
-            g = cfg.gconfig
-            requests = [GenerationRequest(encode_prompt(tokenizer, examples[i], cfg.train_dataset.system_prompt),
-                                          g.max_new_tokens, rid=(i, s), greedy=greedy, temperature=g.temperature,
-                                          stop=tuple(g.stop), seed=seed(i, s)) for i, s in cases]
-            outs = generate(engine, requests)
-            texts = [tokenizer.decode(o.output_ids, skip_special_tokens=True) for o in outs]
-            scores = self._scored([(t, examples[i]) for t, (i, _) in zip(texts, cases)])
-            infos = None
+        if self.runners is None:
+            self.runners = Runners(cfg, self.scoring)
+        runner = self.runners.build(engine, tokenizer)
+        try:
+            for i, example in enumerate(examples):  # slots below 0: never a training group's seeds
+                runner.start_group(i, example, group_seeds(cfg.seed, -1 - i, samples), greedy)
+            groups = sorted(_run(runner, engine), key=lambda g: g.key)
+        except BaseException:
+            self.close()  # calls still out in the children must not be answered into the next evaluation
+            raise
         solved = [0.0] * len(examples)
-        for (i, _), (_, success) in zip(cases, scores):
-            solved[i] += success / samples
-        n = max(1, len(cases))
-        metrics = {"eval/accuracy": sum(solved) / max(1, len(examples)), "eval/reward": sum(s for s, _ in scores) / n}
-        if infos is not None:
-            first = sum(info.success and info.turns <= 1 for info in infos) / n
-            metrics["eval/first_turn_accuracy"] = first  # accuracy minus this is what the later turns added
+        rewards, infos = [], []
+        for group in groups:
+            for first, *_ in group.samples:  # an agent's episode: its first row holds the episode's facts
+                info = first.episode
+                solved[group.key] += (info.success if info is not None else first.reward >= SOLVED) / samples
+                rewards.append(first.reward)
+                infos.append(info)
+        n = max(1, len(rewards))
+        metrics = {"eval/accuracy": sum(solved) / max(1, len(examples)), "eval/reward": sum(rewards) / n}
+        if infos and all(info is not None for info in infos):  # episodes
+            first_turn = sum(info.success and info.turns <= 1 for info in infos) / n
+            metrics["eval/first_turn_accuracy"] = first_turn  # accuracy minus this is what the later turns added
             metrics["eval/turns_mean"] = sum(i.turns for i in infos) / n
             metrics["eval/tool_use_frac"] = sum(i.tool_calls > 0 for i in infos) / n
         return Evaluation(metrics, solved)
 
-    def _scored(self, texts_and_examples) -> list[tuple[float, bool]]:
-        return [(r, r >= SOLVED) for r, _ in self.reward.score_all(texts_and_examples)]
 
-    def _episodes(self, engine: LocalEngine, tokenizer, examples: list[Example], cases, seed, greedy: bool):
-        spec = self.scoring.env
-        runner = EpisodeRunner(engine, tokenizer, spec, Turns.from_config(self.cfg, spec), self.env,
-                               rounds=self.cfg.rollout.lockstep)
-        for i, s in cases:
-            runner.start(("eval", i, s), examples[i], seed=seed(i, s), greedy=greedy)
-        ended = {}
-        while runner.busy:
-            for c in engine.step():
-                runner.finished_turn(c)
-            for ep in runner.poll(block_s=0.05 if engine.num_pending == 0 else 0.0):
-                ended[ep.eid[1:]] = ep
-        eps = [ended[c] for c in cases]
-        return [(ep.reward, ep.info.success) for ep in eps], [ep.info for ep in eps]
-
-    def _agent_episodes(self, engine: LocalEngine, tokenizer, examples: list[Example], cases, seed, greedy: bool):
-        runner = start_agents(engine, tokenizer, self.cfg, self.scoring.agent)
-        ended = {}
-        try:
-            for i, s in cases:
-                runner.start(("eval", i, s), examples[i], seed=seed(i, s), greedy=greedy)
-            while runner.busy:
-                runner.pump(block_s=0.002 if engine.num_pending == 0 else 0.0)
-                for c in engine.step():
-                    runner.finished_turn(c)
-                for ep in runner.poll():
-                    ended[ep.eid[1:]] = ep
-        finally:
-            runner.close()
-        eps = [ended[c] for c in cases]
-        infos = [EpisodeInfo(turns=ep.calls, success=ep.reward >= SOLVED) for ep in eps]
-        return [(ep.reward, ep.reward >= SOLVED) for ep in eps], infos
+def _run(runner: GroupRunner, engine: LocalEngine) -> list[Group]:
+    """Step the engine until every group started is scored."""
+    groups = []
+    while runner.busy:
+        for c in engine.step():
+            runner.finished_turn(c)
+        groups += runner.poll_groups(block_s=runner.poll_s if engine.num_pending == 0 else 0.0)
+    return groups

@@ -8,6 +8,10 @@
             runner.finished_turn(c)            # completions -> replies, recorded
         for episode in runner.poll(): ...      # episodes whose agent returned
 
+As a `GroupRunner` (rollout/groups.py), `start_group` starts a group's episodes and
+`poll_groups` serves the requests that arrived and returns each group once all of its agents
+have returned.
+
 Each episode gets its own base URL (`/<route>/v1`, an unguessable route) on the worker's
 loopback server. A request is matched against what the episode was already served: when its
 messages begin with an earlier request's messages followed by the reply the server gave
@@ -38,6 +42,7 @@ from a3po.episode_end import EpisodeEnd
 from a3po.rollout.chat import ChatQueue, Pending, reply_of
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.episodes import Turns
+from a3po.rollout.groups import Gathering, Group
 from a3po.rollout.prompts import encode_messages, encode_prompt
 from a3po.serving.http import ChatServer, NotFound
 from a3po.serving.protocol import BadRequest
@@ -118,6 +123,8 @@ class AgentEpisode:
 
 
 class AgentRunner:
+    poll_s = 0.002  # an agent's next request waits in the chat queue until a poll submits it
+
     def __init__(self, engine: RolloutEngine, tokenizer, turns: Turns, agents, server: ChatServer, chat: ChatQueue):
         self.engine, self.tok, self.turns, self.agents, self.server, self.chat = \
             engine, tokenizer, turns, agents, server, chat
@@ -127,10 +134,22 @@ class AgentRunner:
         self.routes: dict[str, Hashable] = {}
         self.calls: dict[tuple, _Call] = {}  # engine rid -> the request it answers
         self._done: list[AgentEpisode] = []
+        self._groups = Gathering()
 
     @property
     def busy(self) -> bool:
         return bool(self.running)
+
+    sampling = busy  # a running agent may send another request
+
+    def start_group(self, key: Hashable, example: Example, seeds: list[int], greedy: bool = False) -> None:
+        for eid, seed in zip(self._groups.open(key, len(seeds)), seeds):
+            self.start(eid, example, seed, greedy)
+
+    def poll_groups(self, block_s: float = 0.0) -> list[Group]:
+        """Submit the requests that arrived (waiting up to block_s for one); the groups whose agents all returned."""
+        self.pump(block_s)
+        return self._groups.ended(self.poll(), lambda ep: ep.trajectories(self.tok, self.turns.system_prompt))
 
     def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
         route = secrets.token_hex(8)
@@ -184,11 +203,6 @@ class AgentRunner:
             self._done.append(ep)
         done, self._done = self._done, []
         return done
-
-    def close(self) -> None:
-        self.agents.close()
-        self.chat.close()
-        self.server.close()
 
     # -- one request ------------------------------------------------------------------
 

@@ -8,6 +8,9 @@
         for episode in runner.poll():
             ...                   # episode.trajectory()
 
+As a `GroupRunner` (rollout/groups.py), `start_group` starts a group's episodes and
+`poll_groups` returns each group once all of its episodes have ended.
+
 An episode's context is token ids that only grow (token in, token out): the engine's output
 ids are appended verbatim, the environment's observation as the chat template's delta
 (rollout/prompts.py), and each turn's prompt is the whole context, which begins with the
@@ -38,6 +41,7 @@ from a3po.envs import EnvSpec
 from a3po.envs.host import CLOSE, RESET, STEP
 from a3po.episode_end import EpisodeEnd
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
+from a3po.rollout.groups import Gathering, Group
 from a3po.rollout.prompts import ChatTurns, encode_messages, encode_prompt
 from a3po.trajectories import EpisodeInfo, Trajectory
 
@@ -107,6 +111,8 @@ class Episode:
 
 
 class EpisodeRunner:
+    poll_s = 0.002  # an environment's answer starts the episode's next turn: poll again soon
+
     def __init__(self, engine: RolloutEngine, tokenizer, spec: EnvSpec, turns: Turns, env: CallProcess,
                  rounds: bool = False):
         self.engine, self.tok, self.spec, self.turns, self.env = engine, tokenizer, spec, turns, env
@@ -118,10 +124,21 @@ class EpisodeRunner:
         self._generating = 0  # turns in the engine
         self._awaiting: set[Hashable] = set()  # episodes with an environment call out (reset or step)
         self._next: list[GenerationRequest] = []  # rounds: turns waiting for the round to end
+        self._groups = Gathering()
 
     @property
     def busy(self) -> bool:
         return bool(self.running)
+
+    sampling = busy  # a running episode's next turn is still to come
+
+    def start_group(self, key: Hashable, example: Example, seeds: list[int], greedy: bool = False) -> None:
+        for eid, seed in zip(self._groups.open(key, len(seeds)), seeds):
+            self.start(eid, example, seed, greedy)
+
+    def poll_groups(self, block_s: float = 0.0) -> list[Group]:
+        """The groups whose episodes have all ended (waiting up to block_s for the environment's answer)."""
+        return self._groups.ended(self.poll(block_s), lambda ep: [ep.trajectory()])
 
     def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
         ep = Episode(eid, example, seed, greedy)
