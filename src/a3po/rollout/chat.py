@@ -22,6 +22,7 @@ from a3po.serving.protocol import ChatReply, ChatRequest
 class Pending:
     route: str | None
     request: ChatRequest
+    prompt_ids: list[int] | None = None  # made on the request thread where they do not depend on the loop's state
     _done: threading.Event = field(default_factory=threading.Event)
     _reply: ChatReply | None = None
     _error: Exception | None = None
@@ -42,11 +43,11 @@ class ChatQueue:
         self._inbox: queue.Queue[Pending] = queue.Queue()
         self._closed = False
 
-    def ask(self, route: str | None, request: ChatRequest) -> ChatReply:
+    def ask(self, route: str | None, request: ChatRequest, prompt_ids: list[int] | None = None) -> ChatReply:
         """Called on a request thread: blocks until the engine loop replies, or the deadline passes."""
         if self._closed:
             raise Unavailable("the server is stopping")
-        pending = Pending(route, request)
+        pending = Pending(route, request, prompt_ids)
         self._inbox.put(pending)
         if not pending._done.wait(self.reply_timeout_s):
             pending.abandoned = True

@@ -20,6 +20,8 @@ from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_BODY_BYTES = 8 << 20
+MAX_NESTING = 64  # JSON arrays and objects inside one another: tool schemas nest, but not this deep
+_TOO_DEEP = f"the body's JSON is nested deeper than {MAX_NESTING} levels; send a flatter request"
 
 
 class BadRequest(ValueError):
@@ -55,6 +57,10 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadRequest(f"the body is not JSON ({e}); send a JSON object with 'messages'") from None
+    except RecursionError:  # the parser's own bound, far past ours
+        raise BadRequest(_TOO_DEEP) from None
+    if _nesting(data) > MAX_NESTING:
+        raise BadRequest(_TOO_DEEP)
     if not isinstance(data, dict):
         raise BadRequest(f"the body is a JSON {type(data).__name__}; send an object with 'messages'")
     if data.get("stream"):
@@ -107,6 +113,28 @@ def _messages(value: Any) -> list[dict]:
                 msg[key] = m[key]
         out.append(msg)
     return out
+
+
+def _nesting(value: Any) -> int:
+    """How deep arrays and objects sit inside one another (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_NESTING:
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def check_max_tokens(request: ChatRequest, limit: int, setting: str) -> None:
+    """A request that asks for more tokens than the server gives a reply is refused, not quietly cut: its client
+    would read a reply cut at `limit` as the model's choice."""
+    if request.max_tokens is not None and request.max_tokens > limit:
+        raise BadRequest(f"max_tokens={request.max_tokens} is more than this server's {limit} tokens a reply "
+                         f"({setting}); ask for at most {limit}, or leave it unset")
 
 
 def _number(data: dict, key: str, default: float, lo: float, hi: float) -> float:
