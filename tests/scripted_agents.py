@@ -58,12 +58,39 @@ async def malformed(example, client):
     and the endpoint still answered after them."""
     url = str(client.base_url).rstrip("/") + "/chat/completions"
     bad = [b"{oops", b'{"messages": "hi"}', b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
-           b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}']
+           b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}',
+           b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 9}']  # past the test's max_new_tokens
     answers = [await asyncio.to_thread(_post, url, body) for body in bad]
     ok = all(status == 400 and reason for status, reason in answers)
     reply = await client.chat.completions.create(model="policy", max_tokens=3,
                                                  messages=[{"role": "user", "content": example.question}])
     return float(ok and reply.choices[0].message.content is not None)
+
+
+async def huge_beside_small(example, client):
+    """Small calls while a 5 MB one that cannot fit is unanswered, against a small call alone just before: returns 1
+    if in one of five tries none was later than 100 ms over (as tests/test_serve.py asks of `a3po serve`)."""
+    url = str(client.base_url).rstrip("/") + "/chat/completions"
+    huge = json.dumps({"messages": [{"role": "user", "content": "hello world " * 420_000}]}).encode()
+
+    async def small() -> float:
+        start = time.perf_counter()
+        await client.chat.completions.create(model="policy", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+        return time.perf_counter() - start
+
+    late = []
+    for _ in range(5):
+        alone = await small()
+        refused = asyncio.ensure_future(asyncio.to_thread(_post, url, huge))
+        beside = []
+        while not refused.done():
+            beside.append(await small())
+        status, reason = await refused
+        if status != 400 or "context" not in reason:
+            return 0.0
+        if beside:
+            late.append(max(beside) - alone)
+    return float(bool(late) and min(late) < 0.1)
 
 
 async def wrong_url(example, client):

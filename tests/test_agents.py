@@ -160,6 +160,13 @@ def test_bad_requests_are_400s_and_a_strangers_url_is_a_404(harness):
     assert [t.n_generated for t in h.rows(ended[2])] == [0]  # no model call: the question stands in
 
 
+def test_a_small_call_is_not_held_up_while_a_5_mb_one_is_refused(harness):
+    h = harness(max_turns=64)
+    h.start("huge_beside_small")
+    ended = h.run()
+    assert ended[1].failure is None and ended[1].reward == 1.0
+
+
 @pytest.mark.parametrize("agent, why", [
     ("raises", "ValueError: the agent broke"),
     ("returns_text", "the agent returned a non-numeric reward 'high'"),

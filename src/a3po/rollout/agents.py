@@ -14,7 +14,10 @@ messages begin with an earlier request's messages followed by the reply the serv
 (content equal to the reply's text), its prompt is that earlier context's token ids (the
 model's tokens as it generated them, never re-tokenised) followed by the chat template's delta
 for the new messages, as in rollout/episodes.py. Otherwise it starts a new row from the
-rendered messages.
+rendered messages. The loop only matches and submits: rendering and tokenising happen on a
+few threads of their own (`pump` hands a request there and takes it back once its ids are
+made), so a long request never holds up the engine or the other episodes' replies. A
+`max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit.
 
 An episode is recorded as rows: a conversation that only grows is one row; a request that
 branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
@@ -28,9 +31,11 @@ the group.
 from __future__ import annotations
 
 import json
+import queue
 import secrets
 import time
 from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from a3po.data import Example
@@ -38,12 +43,14 @@ from a3po.episode_end import EpisodeEnd
 from a3po.rollout.chat import ChatQueue, Pending, reply_of
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.episodes import Turns
-from a3po.rollout.prompts import encode_messages, encode_prompt
+from a3po.rollout.prompts import chars_per_token, encode_prompt, encode_within
 from a3po.serving.http import ChatServer, NotFound
-from a3po.serving.protocol import BadRequest
+from a3po.serving.protocol import BadRequest, check_max_tokens
 from a3po.trajectories import EpisodeInfo, Trajectory
 
 _SLOT = "\x00a3po-reply\x00"  # stands for the model's reply while the template renders around it
+PROMPT_THREADS = 4  # render and tokenise requests beside the loop; more only queue for the same cores
+_GONE = "no running episode at this URL: an agent talks to the base URL its client was given, while its episode runs"
 
 
 def _key(messages: list[dict], tools) -> tuple:
@@ -91,6 +98,20 @@ class _Call:
 
 
 @dataclass
+class _Prompt:
+    """A request on its way through a prompt thread: what the loop saw of its episode, then the ids made from it."""
+
+    pending: Pending
+    eid: Hashable
+    marks: list[tuple[int, int, Mark]]  # (row, index in the row, mark): the episode's points to continue from
+    key: tuple = ()
+    row: int = -1  # the row whose mark it continues, -1 for a new row
+    mark: int = -1
+    ids: list[int] = field(default_factory=list)  # after the mark's n_ids (all of the prompt for a new row)
+    error: BadRequest | None = None
+
+
+@dataclass
 class AgentEpisode:
     eid: Hashable
     example: Example
@@ -98,8 +119,9 @@ class AgentEpisode:
     greedy: bool
     route: str
     rows: list[Row] = field(default_factory=list)
-    calls: int = 0
-    in_flight: int = 0
+    calls: int = 0  # requests submitted to the engine
+    preparing: int = 0  # requests on a prompt thread
+    in_flight: int = 0  # requests the agent is waiting for (preparing or generating)
     agent_s: float = 0.0  # time with no call of its in flight: the agent's own work (its "environment" time)
     waiting_since: float = field(default_factory=time.perf_counter)
     reward: float = 0.0
@@ -127,6 +149,9 @@ class AgentRunner:
         self.routes: dict[str, Hashable] = {}
         self.calls: dict[tuple, _Call] = {}  # engine rid -> the request it answers
         self._done: list[AgentEpisode] = []
+        self.per_token = chars_per_token(tokenizer)
+        self._threads = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="a3po-agent-prompt")
+        self._made: queue.SimpleQueue[_Prompt] = queue.SimpleQueue()  # from the prompt threads to the loop
 
     @property
     def busy(self) -> bool:
@@ -139,14 +164,21 @@ class AgentRunner:
         self.agents.start(eid, example, self.server.route_url(route))
 
     def pump(self, block_s: float = 0.0) -> None:
-        """Submit the requests that arrived (waiting up to block_s for one)."""
+        """Hand the requests that arrived (waiting up to block_s for one) to the prompt threads; submit those
+        whose prompts are made."""
         for p in self.chat.take(block_s):
             if p.abandoned:  # its agent stopped waiting: nobody would read the reply
                 continue
             try:
-                self._request(p)
+                self._accept(p)
             except (BadRequest, NotFound) as e:
                 p.fail(e)
+        while True:
+            try:
+                made = self._made.get_nowait()
+            except queue.Empty:
+                break
+            self._submit(made)
 
     def finished_turn(self, c: Completion) -> None:
         call = self.calls.pop(c.rid)
@@ -189,23 +221,62 @@ class AgentRunner:
         self.agents.close()
         self.chat.close()
         self.server.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     # -- one request ------------------------------------------------------------------
 
-    def _request(self, p: Pending) -> None:
+    def _accept(self, p: Pending) -> None:
+        """On the loop: the request's episode and budget checked, its prompt handed to a prompt thread."""
         eid = self.routes.get(p.route) if p.route is not None else None
         ep = self.running.get(eid) if eid is not None else None
         if ep is None:
-            raise NotFound("no running episode at this URL: an agent talks to the base URL its client was given, "
-                           "while its episode runs")
-        t, r = self.turns, p.request
-        if ep.calls >= t.max_turns:
+            raise NotFound(_GONE)
+        t = self.turns
+        if ep.calls + ep.preparing >= t.max_turns:
             raise BadRequest(f"this episode has made its {t.max_turns} model calls (train_dataset.max_turns)")
-        key = _key(r.messages, r.tools)
-        i, ids, extends = self._prompt(ep, key, r.messages, r.tools)
-        if len(ids) >= t.max_context:
-            raise BadRequest(f"the conversation is {len(ids)} tokens; an episode's context is at most "
-                             f"train_dataset.max_context_tokens={t.max_context}")
+        check_max_tokens(p.request, t.max_new_tokens, "gconfig.max_new_tokens")
+        marks = [(i, j, mark) for i, row in enumerate(ep.rows) for j, mark in enumerate(row.marks)]
+        if not ep.in_flight:
+            ep.agent_s += time.perf_counter() - ep.waiting_since
+        ep.in_flight += 1
+        ep.preparing += 1
+        self._threads.submit(self._make, _Prompt(p, eid, marks))
+
+    def _make(self, job: _Prompt) -> None:
+        """On a prompt thread: the request's key and prompt ids, from the marks the loop gave (they never change)."""
+        try:
+            r = job.pending.request
+            job.key = _key(r.messages, r.tools)
+            job.row, job.mark, job.ids = self._prompt(job.marks, job.key, r.messages, r.tools)
+        except BadRequest as e:
+            job.error = e
+        except Exception as e:  # noqa: BLE001 - a tokenizer's own failure fails this request, not the loop
+            job.error = BadRequest(f"the request's prompt could not be made: {type(e).__name__}: {e}")
+        finally:
+            self._made.put(job)
+
+    def _submit(self, job: _Prompt) -> None:
+        """On the loop: a made prompt onto its row (extended, or a new one) and into the engine."""
+        p, ep = job.pending, self.running.get(job.eid)
+        if ep is None:  # the episode ended while its prompt was made
+            p.fail(NotFound(_GONE))
+            return
+        ep.preparing -= 1
+        if job.error is not None or p.abandoned:  # abandoned: its agent stopped waiting, nobody reads a reply
+            ep.in_flight -= 1
+            if not ep.in_flight:
+                ep.waiting_since = time.perf_counter()
+            if job.error is not None:
+                p.fail(job.error)
+            return
+        t, r = self.turns, p.request
+        i = job.row
+        if i < 0:
+            ids, extends = job.ids, False
+        else:
+            row, mark = ep.rows[i], ep.rows[i].marks[job.mark]
+            ids = row.ids[:mark.n_ids] + job.ids
+            extends = not row.busy and job.mark == len(row.marks) - 1
         if extends:
             row = ep.rows[i]
             row.add(ids[len(row.ids):])
@@ -215,39 +286,45 @@ class AgentRunner:
             ep.rows.append(row)
             i = len(ep.rows) - 1
         row.busy = True
-        if not ep.in_flight:
-            ep.agent_s += time.perf_counter() - ep.waiting_since
-        ep.in_flight += 1
         ep.calls += 1
-        rid = ("agent", eid, ep.calls)
-        self.calls[rid] = _Call(p, i, key)
+        rid = ("agent", job.eid, ep.calls)
+        self.calls[rid] = _Call(p, i, job.key)
         self.engine.submit(GenerationRequest(
-            ids, min(r.max_tokens or t.max_new_tokens, t.max_new_tokens, t.max_context - len(ids)), rid=rid,
+            ids, min(r.max_tokens or t.max_new_tokens, t.max_context - len(ids)), rid=rid,
             temperature=t.temperature, greedy=ep.greedy, stop=(*t.stop, *r.stop), seed=ep.seed * 64 + ep.calls,
-            session=(eid, i)))
+            session=(job.eid, i)))
 
-    def _prompt(self, ep: AgentEpisode, key: tuple, messages: list[dict], tools) -> tuple[int, list[int], bool]:
-        """(row, the request's prompt ids, whether they extend that row): from the longest earlier conversation the
-        request continues, else rendered whole as a new row."""
+    def _prompt(self, marks: list[tuple[int, int, Mark]], key: tuple, messages: list[dict],
+                tools) -> tuple[int, int, list[int]]:
+        """(row, mark, ids after the mark's n_ids): the template's delta after the longest earlier conversation the
+        request continues, else (-1, -1, the messages rendered whole) for a new row. Either way the prompt fits
+        train_dataset.max_context_tokens with room for a reply, or it is a BadRequest."""
         best = None
-        for i, row in enumerate(ep.rows):
-            for j, mark in enumerate(row.marks):
-                if len(mark.key) < len(key) and key[:len(mark.key)] == mark.key and \
-                        (best is None or len(mark.key) > len(best[2].key)):
-                    best = (i, j, mark)
+        for i, j, mark in marks:
+            if len(mark.key) < len(key) and key[:len(mark.key)] == mark.key and \
+                    (best is None or len(mark.key) > len(best[2].key)):
+                best = (i, j, mark)
         if best is not None:
             i, j, mark = best
-            row = ep.rows[i]
-            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos)
+            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos, mark.n_ids)
             if delta is not None:
-                ids = row.ids[:mark.n_ids] + delta
-                return i, ids, (not row.busy and j == len(row.marks) - 1)
+                return i, j, delta
         try:
-            return -1, encode_messages(self.tok, messages, tools), False
+            text = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # the template's own error (a role order it refuses)
             raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+        return -1, -1, self._fit(text, 0)
 
-    def _delta(self, messages: list[dict], n: int, tools, ended_by_eos: bool) -> list[int] | None:
+    def _fit(self, text: str, before: int) -> list[int]:
+        """text's ids, when `before` ids and they leave room for a reply in the context."""
+        t = self.turns
+        ids = encode_within(self.tok, text, t.max_context - before, self.per_token)
+        if ids is None:
+            raise BadRequest(f"the conversation does not fit an episode's context with room for a reply "
+                             f"(train_dataset.max_context_tokens={t.max_context})")
+        return ids
+
+    def _delta(self, messages: list[dict], n: int, tools, ended_by_eos: bool, before: int) -> list[int] | None:
         """Ids after the model's reply (message n - 1) for messages n..: the rest of the template's closing of the
         reply and the new messages, from the template's own text; None if the template renders earlier messages
         differently once more follow (then the request is rendered whole)."""
@@ -263,4 +340,4 @@ class AgentRunner:
         closing = base[base.rindex(_SLOT) + len(_SLOT):]
         if ended_by_eos and self.eos_text and closing.startswith(self.eos_text):
             closing = closing[len(self.eos_text):]
-        return self.tok.encode(closing + full[len(base):], add_special_tokens=False)
+        return self._fit(closing + full[len(base):], before)
