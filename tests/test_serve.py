@@ -76,12 +76,32 @@ def test_concurrent_requests_are_all_answered(tiny_server):
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', "n=3"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": true}', "stream=true"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop="),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', "top_logprobs=3 is not served"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
+     'response_format={"type": "json_object"} is not served'),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice=\"required\""),
+    (b'{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}', "frequency_penalty=0.5"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}', "logit_bias="),
 ])
 def test_a_malformed_request_is_a_400_with_its_reason_and_the_server_goes_on(tiny_server, body, why):
     status, data = post(tiny_server, "/v1/chat/completions", body)
     assert status == 400 and why in data["error"]["message"]
     ok, _ = post(tiny_server, "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}')
     assert ok == 200
+
+
+def test_the_developer_role_is_the_system_role_and_harmless_defaults_are_accepted(tiny_server):
+    ask = {"model": "tiny", "max_tokens": 3, "temperature": 0, "logprobs": True}
+    question = {"role": "user", "content": "2+3?"}
+    as_system = post(tiny_server, "/v1/chat/completions", json.dumps(
+        {**ask, "messages": [{"role": "system", "content": "Be brief."}, question]}).encode())
+    as_developer = post(tiny_server, "/v1/chat/completions", json.dumps(
+        {**ask, "messages": [{"role": "developer", "content": "Be brief."}, question], "top_logprobs": 0,
+         "tool_choice": "auto", "response_format": {"type": "text"}, "stream": False,
+         "frequency_penalty": 0}).encode())
+    assert as_system[0] == as_developer[0] == 200
+    assert as_system[1]["usage"] == as_developer[1]["usage"]  # the same prompt tokens: rendered as system
+    assert as_system[1]["choices"][0]["message"] == as_developer[1]["choices"][0]["message"]
 
 
 def test_unknown_paths_are_404s(tiny_server):

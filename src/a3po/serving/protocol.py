@@ -1,12 +1,16 @@
 """The OpenAI chat-completions protocol as a3po serves it: a request checked into a typed record, a reply built.
 
-Only what a chat client sends is read: `messages` (roles system, user, assistant, tool;
-content a string, or a list of text parts), `max_tokens` / `max_completion_tokens`,
-`temperature`, `top_p`, `seed`, `stop`, `n` (1 only), `logprobs`, and the tool-call fields
-(`tools`, an assistant message's `tool_calls`, a tool message's `tool_call_id`), which go to
-the model's chat template as they are. Any other field is ignored, as the protocol's servers
-do. A request that cannot be served is a `BadRequest` whose message says which field is
-wrong and what it must be: the server answers it with a 400, never an exception.
+Only what a chat client sends is read: `messages` (roles system, developer (read as system),
+user, assistant, tool; content a string, or a list of text parts), `max_tokens` /
+`max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` (1 only), `logprobs`,
+and the tool-call fields (`tools`, an assistant message's `tool_calls`, a tool message's
+`tool_call_id`), which go to the model's chat template as they are; `tool_choice` "auto" or
+"none" (the reply is text either way). A field in UNSERVED, asked for with a value that
+would change the reply, is refused by name rather than ignored (a client that asked for JSON
+output or a required tool call must not get plain text as if it had); any other field is
+ignored, as the protocol's servers do. A request that cannot be served is a `BadRequest`
+whose message says which field is wrong and what it must be: the server answers it with a
+400, never an exception.
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+AS_ROLE = {"developer": "system"}  # the newer name for the system role; chat templates know only "system"
 MAX_BODY_BYTES = 8 << 20
 MAX_NESTING = 64  # JSON arrays and objects inside one another: tool schemas nest, but not this deep
 _TOO_DEEP = f"the body's JSON is nested deeper than {MAX_NESTING} levels; send a flatter request"
@@ -26,6 +32,27 @@ _TOO_DEEP = f"the body's JSON is nested deeper than {MAX_NESTING} levels; send a
 
 class BadRequest(ValueError):
     """A request the server cannot serve; its message is the 400's reason."""
+
+
+def _off(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == {} or value == []
+
+
+# field -> (whether its value asks for nothing this server would have to do, what to send instead)
+UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stream": (_off, "leave stream unset or false: replies come whole"),
+    "top_logprobs": (_off, "leave it unset or 0; logprobs=true gives each chosen token's log-prob"),
+    "response_format": (lambda v: _off(v) or v == {"type": "text"}, "leave it unset: replies are free text"),
+    "tool_choice": (lambda v: v in (None, "auto", "none"),
+                    "send 'auto' or 'none' (or leave it unset): replies are text, tool calls are not parsed"),
+    "frequency_penalty": (_off, "leave it unset or 0"),
+    "presence_penalty": (_off, "leave it unset or 0"),
+    "logit_bias": (_off, "leave it unset"),
+    "functions": (_off, "describe functions in 'tools'"),
+    "function_call": (_off, "describe functions in 'tools'"),
+    "audio": (_off, "leave it unset: replies are text"),
+    "modalities": (lambda v: _off(v) or v == ["text"], "leave it unset or ['text']"),
+}
 
 
 @dataclass(frozen=True)
@@ -63,8 +90,10 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         raise BadRequest(_TOO_DEEP)
     if not isinstance(data, dict):
         raise BadRequest(f"the body is a JSON {type(data).__name__}; send an object with 'messages'")
-    if data.get("stream"):
-        raise BadRequest("stream=true is not supported; leave stream unset or false")
+    for key, (served, instead) in UNSERVED.items():
+        if not served(data.get(key)):
+            shown = json.dumps(data[key])
+            raise BadRequest(f"{key}={shown if len(shown) <= 60 else shown[:57] + '...'} is not served; {instead}")
     n = data.get("n", 1)
     if n not in (1, None):
         raise BadRequest(f"n={n!r}: one choice per request (n=1); send several requests for several samples")
@@ -107,7 +136,7 @@ def _messages(value: Any) -> list[dict]:
             content = ""
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content: a string (or a list of text parts)")
-        msg = {"role": m["role"], "content": content}
+        msg = {"role": AS_ROLE.get(m["role"], m["role"]), "content": content}
         for key in ("tool_calls", "tool_call_id", "name"):
             if m.get(key) is not None:
                 msg[key] = m[key]
