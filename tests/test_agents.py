@@ -9,6 +9,7 @@ episode with the reason; the endpoint listens on loopback only.
 """
 
 import copy
+import json
 import socket
 import time
 
@@ -24,6 +25,7 @@ from a3po.rollout.episodes import Turns
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_messages
 from a3po.serving.http import ChatServer
+from a3po.serving.protocol import ChatRequest, chat_completion
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 3 + 4?"
@@ -259,8 +261,51 @@ def test_a_reply_is_cut_before_the_stop_string_that_ended_it(tiny):
     _, tok = tiny
     ids = tok.encode("<calc>12 + 3</calc>", add_special_tokens=False)
     c = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="stop")
-    assert reply_of(c, tok, False, ("</calc>", "zz")).text == "<calc>12 + 3"
-    assert reply_of(c, tok, False, ()).text == "<calc>12 + 3</calc>"
+    plain, with_logprobs = ChatRequest([]), ChatRequest([], logprobs=True)
+    assert reply_of(c, tok, plain, ("</calc>", "zz")).text == "<calc>12 + 3"
+    assert reply_of(c, tok, plain, ()).text == "<calc>12 + 3</calc>"
     long = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="length")
-    assert reply_of(long, tok, True, ("</calc>",)).text == "<calc>12 + 3</calc>"  # not ended by it: kept whole
-    assert reply_of(c, tok, True, ()).completion_tokens == len(ids)
+    assert reply_of(long, tok, with_logprobs, ("</calc>",)).text == "<calc>12 + 3</calc>"  # not ended by it: whole
+    assert reply_of(c, tok, with_logprobs, ()).completion_tokens == len(ids)
+
+
+def test_tool_calls_are_read_from_the_reply_text_and_the_tokens_stay_as_generated(tiny):
+    """Hermes-format calls become the protocol's tool_calls (finish_reason "tool_calls"), text around them the
+    content; malformed call text comes back as the text it is; tool_choice "none", no tools offered, or a template
+    with no known format leave the text alone. The completion's ids are never touched."""
+    from a3po.rollout.chat import reply_of
+    from a3po.rollout.engine import Completion
+    from a3po.serving.toolcalls import format_of
+
+    _, tok = tiny
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    asked, refused = ChatRequest([], tools=tools), ChatRequest([], tools=tools, tool_choice="none")
+    assert format_of("{% for t in tools %}<tool_call>{{ t }}</tool_call>{% endfor %}") == "hermes"
+    assert format_of(tok.chat_template) is None and format_of(None) is None
+
+    def reply(text, request=asked, fmt="hermes"):
+        ids = tok.encode(text, add_special_tokens=False)
+        c = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="stop")
+        got = reply_of(c, tok, request, (), fmt)
+        assert c.output_ids == ids and got.completion_tokens == len(ids)
+        return got, chat_completion(got, "tiny")["choices"][0]
+
+    got, choice = reply('Adding. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+                        '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>')
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Adding."
+    calls = choice["message"]["tool_calls"]
+    assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+           [("function", "add", {"a": 1, "b": 2}), ("function", "add", {"a": 3, "b": 4})]
+    assert len({c["id"] for c in calls}) == 2 and not got.malformed_tool_call
+    _, choice = reply('<tool_call>{"name": "add", "arguments": {}}</tool_call>')
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    for bad in ('<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>',
+                '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"name": "add", "arguments": [1]}</tool_call>',
+                'Adding. <tool_call>{"name": "add"'):
+        got, choice = reply(bad)
+        assert got.malformed_tool_call and choice["message"] == {"role": "assistant", "content": bad}, bad
+        assert choice["finish_reason"] == "stop"
+    text = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    for request, fmt in ((refused, "hermes"), (ChatRequest([]), "hermes"), (asked, None)):
+        got, choice = reply(text, request, fmt)
+        assert choice["message"]["content"] == text and "tool_calls" not in choice["message"]

@@ -6,7 +6,9 @@
 It is the rollout engine (local or vLLM) behind the same server a rollout worker gives its
 agents (serving/http.py): POST /v1/chat/completions, GET /v1/models, no other path. Requests
 are batched continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample;
-a `max_tokens` above --max-tokens is a 400 naming the limit. A request's prompt is rendered
+a `max_tokens` above --max-tokens is a 400 naming the limit. When the request offers tools and
+the model's chat template writes a known tool-call format (serving/toolcalls.py), calls in a
+reply come back as `tool_calls`. A request's prompt is rendered
 and tokenised on its own request thread, so a long one never holds up the engine loop and the
 replies of the others. The first
 line on stdout names the URL once the model is loaded (port 0 picks a free port), so a
@@ -45,10 +47,12 @@ class EngineLoop:
 
     def __init__(self, engine, tokenizer, chat, max_tokens: int, max_context: int):
         from a3po.rollout.prompts import chars_per_token
+        from a3po.serving.toolcalls import format_of
 
         self.engine, self.tok, self.chat = engine, tokenizer, chat
         self.max_tokens, self.max_context = max_tokens, max_context
         self.per_token = chars_per_token(tokenizer)
+        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))
         self._waiting: dict = {}
         self._n = 0
 
@@ -75,7 +79,7 @@ class EngineLoop:
             self._submit(p)
         for c in self.engine.step():
             p = self._waiting.pop(c.rid)
-            p.reply(reply_of(c, self.tok, p.request.logprobs, p.request.stop))
+            p.reply(reply_of(c, self.tok, p.request, p.request.stop, self.tool_format))
 
     def _submit(self, p) -> None:
         from a3po.rollout.engine import GenerationRequest

@@ -17,7 +17,9 @@ for the new messages, as in rollout/episodes.py. Otherwise it starts a new row f
 rendered messages. The loop only matches and submits: rendering and tokenising happen on a
 few threads of their own (`pump` hands a request there and takes it back once its ids are
 made), so a long request never holds up the engine or the other episodes' replies. A
-`max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit.
+`max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit. Replies are text here:
+tool calls are not read into `tool_calls` yet, since the continuation match above would then
+have to see an assistant message carrying them as the text the model generated.
 
 An episode is recorded as rows: a conversation that only grows is one row; a request that
 branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
@@ -192,7 +194,7 @@ class AgentRunner:
         if not ep.in_flight:
             ep.waiting_since = time.perf_counter()
         row.add(c.output_ids, c.output_logprobs, c.output_versions, generated=True)
-        reply = reply_of(c, self.tok, call.pending.request.logprobs, (*self.turns.stop, *call.pending.request.stop))
+        reply = reply_of(c, self.tok, call.pending.request, (*self.turns.stop, *call.pending.request.stop))
         ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
         said = {"role": "assistant", "content": reply.text}
         row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))

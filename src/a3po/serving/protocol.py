@@ -5,7 +5,8 @@ user, assistant, tool; content a string, or a list of text parts), `max_tokens` 
 `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` (1 only), `logprobs`,
 and the tool-call fields (`tools`, an assistant message's `tool_calls`, a tool message's
 `tool_call_id`), which go to the model's chat template as they are; `tool_choice` "auto" or
-"none" (the reply is text either way). A field in UNSERVED, asked for with a value that
+"none" (whether a reply's tool-call text is read into `tool_calls`, serving/toolcalls.py, where
+the server reads them). A field in UNSERVED, asked for with a value that
 would change the reply, is refused by name rather than ignored (a client that asked for JSON
 output or a required tool call must not get plain text as if it had); any other field is
 ignored, as the protocol's servers do. A request that cannot be served is a `BadRequest`
@@ -22,6 +23,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from a3po.serving.toolcalls import ToolCall
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 AS_ROLE = {"developer": "system"}  # the newer name for the system role; chat templates know only "system"
@@ -44,7 +47,8 @@ UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_logprobs": (_off, "leave it unset or 0; logprobs=true gives each chosen token's log-prob"),
     "response_format": (lambda v: _off(v) or v == {"type": "text"}, "leave it unset: replies are free text"),
     "tool_choice": (lambda v: v in (None, "auto", "none"),
-                    "send 'auto' or 'none' (or leave it unset): replies are text, tool calls are not parsed"),
+                    "send 'auto' or 'none' (or leave it unset): nothing makes the model write a call, so a "
+                    "required or named one cannot be promised"),
     "frequency_penalty": (_off, "leave it unset or 0"),
     "presence_penalty": (_off, "leave it unset or 0"),
     "logit_bias": (_off, "leave it unset"),
@@ -66,6 +70,7 @@ class ChatRequest:
     logprobs: bool = False
     tools: list[dict] | None = None
     model: str = ""
+    tool_choice: str = "auto"  # or "none": the reply's tool-call text is left as text
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class ChatReply:
     completion_tokens: int
     token_texts: list[str] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
+    tool_calls: tuple[ToolCall, ...] = ()  # read from the text (serving/toolcalls.py); text is then the rest
+    malformed_tool_call: bool = False  # call text the model wrote that could not be read: returned as text
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
@@ -116,7 +123,8 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         raise BadRequest("tools: a list of tool objects")
     model = data.get("model", "")
     return ChatRequest(_messages(data.get("messages")), max_tokens, temperature, top_p, seed, tuple(stop),
-                       bool(data.get("logprobs")), tools, model if isinstance(model, str) else "")
+                       bool(data.get("logprobs")), tools, model if isinstance(model, str) else "",
+                       data.get("tool_choice") or "auto")
 
 
 def _messages(value: Any) -> list[dict]:
@@ -184,6 +192,10 @@ def chat_completion(reply: ChatReply, model: str) -> dict:
     """The chat.completion object for one reply."""
     choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply.text},
                               "finish_reason": reply.finish_reason}
+    if reply.tool_calls:
+        choice["message"] = {"role": "assistant", "content": reply.text or None,
+                             "tool_calls": [c.as_message_field() for c in reply.tool_calls]}
+        choice["finish_reason"] = "tool_calls"
     if reply.token_logprobs:
         choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
                                           for t, lp in zip(reply.token_texts, reply.token_logprobs)]}
