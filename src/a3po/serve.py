@@ -8,11 +8,10 @@ agents (serving/http.py): POST /v1/chat/completions, GET /v1/models, no other pa
 are batched continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample;
 a `max_tokens` above --max-tokens is a 400 naming the limit. When the request offers tools and
 the model's chat template writes a known tool-call format (serving/toolcalls.py), calls in a
-reply come back as `tool_calls`. A request's prompt is rendered
-and tokenised on its own request thread, so a long one never holds up the engine loop and the
-replies of the others. The first
-line on stdout names the URL once the model is loaded (port 0 picks a free port), so a
-script can wait for it. Ctrl-C or SIGTERM stops it.
+reply come back as `tool_calls`. A request's prompt is rendered and tokenised on its own
+request thread, so a long one never holds up the engine loop and the replies of the others.
+The first line on stdout names the URL once the model is loaded (port 0 picks a free port),
+so a script can wait for it. Ctrl-C or SIGTERM stops it.
 """
 
 from __future__ import annotations

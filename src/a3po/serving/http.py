@@ -144,8 +144,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         length = _byte_count(given)
         if length is None:
-            self._send(400, error(f"Content-Length: {given} is not a byte count; send the body's length in bytes"),
-                       close=True)
+            self._send(400, error(f"Content-Length: {given.strip()[:40]} is not a byte count; send the body's "
+                                  "length in bytes"), close=True)
             return
         if length > MAX_BODY_BYTES:
             self._send(413, error(f"the body is {length} bytes, more than {MAX_BODY_BYTES}"), close=True)
