@@ -93,6 +93,21 @@ async def huge_beside_small(example, client):
     return float(bool(late) and min(late) < 0.1)
 
 
+async def calls_a_tool(example, client):
+    """One function tool; the call the reply makes is answered with a tool message: 1 if it was `add`."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    first = [{"role": "user", "content": example.question}]
+    a = await client.chat.completions.create(model="policy", messages=first, tools=tools, max_tokens=48)
+    said = a.choices[0].message
+    if a.choices[0].finish_reason != "tool_calls" or not said.tool_calls:
+        return 0.0
+    call = said.tool_calls[0]
+    echo = {"role": "assistant", "content": said.content, "tool_calls": [c.model_dump() for c in said.tool_calls]}
+    await client.chat.completions.create(model="policy", tools=tools, max_tokens=48, messages=[
+        *first, echo, {"role": "tool", "tool_call_id": call.id, "content": "7"}])
+    return float(call.function.name == "add" and json.loads(call.function.arguments) == {})
+
+
 async def wrong_url(example, client):
     status, reason = await asyncio.to_thread(_post, str(client.base_url).replace("/v1", "x/v1") + "chat/completions",
                                              b'{"messages": [{"role": "user", "content": "x"}]}')

@@ -32,15 +32,15 @@ QUESTION = "What is 3 + 4?"
 
 
 class Harness:
-    def __init__(self, tiny, timeout_s=30.0, max_turns=4, max_context=512, agent="by_example"):
+    def __init__(self, tiny, timeout_s=30.0, max_turns=4, max_context=512, agent="by_example", max_new_tokens=8):
         self.model, self.tok = tiny
         self.engine = LocalEngine(self.model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
                                   max_batch=16, reprefill_on_update=True)
         self.chat = chat = ChatQueue(timeout_s)
         self.server = ChatServer(chat.ask, "tiny").start()
         self.agents = AgentProcess(Imported(f"scripted_agents:{agent}"), timeout_s)
-        self.runner = AgentRunner(self.engine, self.tok, Turns(max_turns, 8, max_context), self.agents, self.server,
-                                  chat)
+        self.runner = AgentRunner(self.engine, self.tok, Turns(max_turns, max_new_tokens, max_context), self.agents,
+                                  self.server, chat)
         self.n = 0
 
     def start(self, agent: str, **example):
@@ -309,3 +309,41 @@ def test_tool_calls_are_read_from_the_reply_text_and_the_tokens_stay_as_generate
     for request, fmt in ((refused, "hermes"), (ChatRequest([]), "hermes"), (asked, None)):
         got, choice = reply(text, request, fmt)
         assert choice["message"]["content"] == text and "tool_calls" not in choice["message"]
+
+
+HERMES = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+          "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # Hermes calls, tools not shown
+CALL = '<tool_call>{"name": "add"}</tool_call>'
+
+
+def test_a_tool_call_comes_back_as_tool_calls_and_its_echo_continues_the_row(tiny):
+    """The tiny model taught, by a few supervised steps, to answer in the Hermes format its template shows: the
+    reply is tool_calls; the agent's next request carries that assistant message and a tool result, and continues
+    the same row, whose trained tokens are exactly the two completions' ids."""
+    model, tok = tiny[0], copy.deepcopy(tiny[1])
+    tok.chat_template = HERMES
+    prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
+                                     tokenize=False)
+    ids = tok.encode(prompt + CALL, add_special_tokens=False) + [tok.eos_token_id]
+    n_prompt = len(tok.encode(prompt, add_special_tokens=False))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(40):
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+        loss = -logp.gather(-1, torch.tensor(ids[1:])[:, None])[n_prompt - 1:].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    h = Harness((model, tok), max_new_tokens=48)
+    try:
+        generated = []
+        h.runner.start(("g", 1), Example(QUESTION, "7", 1, {"agent": "calls_a_tool"}), seed=1, greedy=True)
+        ep = h.run(lambda c: generated.append(c.output_ids))[1]
+    finally:
+        h.close()
+    assert tok.decode(generated[0], skip_special_tokens=True) == CALL  # the taught answer, as tokens
+    assert ep.failure is None and ep.reward == 1.0 and ep.calls == 2, (ep.failure, ep.reward)
+    [t] = h.rows(ep)  # the echo of the call continued the row
+    assert [i for i, m in zip(t.output_ids, t.output_mask) if m] == generated[0] + generated[1]
+    sent = [i for i, m in zip(t.output_ids, t.output_mask) if not m]  # the call is not rendered again from tool_calls
+    assert tok.decode(sent) == "\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"

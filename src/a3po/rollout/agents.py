@@ -17,9 +17,10 @@ for the new messages, as in rollout/episodes.py. Otherwise it starts a new row f
 rendered messages. The loop only matches and submits: rendering and tokenising happen on a
 few threads of their own (`pump` hands a request there and takes it back once its ids are
 made), so a long request never holds up the engine or the other episodes' replies. A
-`max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit. Replies are text here:
-tool calls are not read into `tool_calls` yet, since the continuation match above would then
-have to see an assistant message carrying them as the text the model generated.
+`max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit. Tool calls in a reply
+are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
+message carrying them, sent back, matches the reply it came from, and the template's delta is
+taken around the text the model generated (its call text included), never re-rendered calls.
 
 An episode is recorded as rows: a conversation that only grows is one row; a request that
 branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
@@ -48,6 +49,7 @@ from a3po.rollout.episodes import Turns
 from a3po.rollout.prompts import chars_per_token, encode_prompt, encode_within
 from a3po.serving.http import ChatServer, NotFound
 from a3po.serving.protocol import BadRequest, check_max_tokens
+from a3po.serving.toolcalls import format_of
 from a3po.trajectories import EpisodeInfo, Trajectory
 
 _SLOT = "\x00a3po-reply\x00"  # stands for the model's reply while the template renders around it
@@ -152,6 +154,7 @@ class AgentRunner:
         self.calls: dict[tuple, _Call] = {}  # engine rid -> the request it answers
         self._done: list[AgentEpisode] = []
         self.per_token = chars_per_token(tokenizer)
+        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))
         self._threads = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="a3po-agent-prompt")
         self._made: queue.SimpleQueue[_Prompt] = queue.SimpleQueue()  # from the prompt threads to the loop
 
@@ -194,9 +197,12 @@ class AgentRunner:
         if not ep.in_flight:
             ep.waiting_since = time.perf_counter()
         row.add(c.output_ids, c.output_logprobs, c.output_versions, generated=True)
-        reply = reply_of(c, self.tok, call.pending.request, (*self.turns.stop, *call.pending.request.stop))
+        reply = reply_of(c, self.tok, call.pending.request, (*self.turns.stop, *call.pending.request.stop),
+                         self.tool_format)
         ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
-        said = {"role": "assistant", "content": reply.text}
+        said = {"role": "assistant", "content": reply.text}  # as the agent sends it back (protocol._messages)
+        if reply.tool_calls:
+            said["tool_calls"] = [t.as_message_field() for t in reply.tool_calls]
         row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))
         call.pending.reply(reply)
 
@@ -330,7 +336,9 @@ class AgentRunner:
         """Ids after the model's reply (message n - 1) for messages n..: the rest of the template's closing of the
         reply and the new messages, from the template's own text; None if the template renders earlier messages
         differently once more follow (then the request is rendered whole)."""
-        said = [*messages[:n - 1], {**messages[n - 1], "content": _SLOT}]
+        # the reply as the text the model generated: its calls are in that text, not rendered again from tool_calls
+        reply = {k: v for k, v in messages[n - 1].items() if k != "tool_calls"}
+        said = [*messages[:n - 1], {**reply, "content": _SLOT}]
         try:
             base = self.tok.apply_chat_template(said, tools=tools, tokenize=False)
             full = self.tok.apply_chat_template([*said, *messages[n:]], tools=tools, add_generation_prompt=True,
