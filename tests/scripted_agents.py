@@ -54,16 +54,59 @@ def _post(url: str, body: bytes) -> tuple[int, str]:
 
 
 async def malformed(example, client):
-    """Bad requests to its own endpoint, then a good call: returns 1 only if every bad one was a 400 with a reason
-    and the endpoint still answered after them."""
+    """Bad requests to its own endpoint, then a good call asking for more tokens than the run gives a call: returns 1
+    only if every bad one was a 400 with a reason and the endpoint still answered after them, within the run's
+    budget (the test's max_new_tokens, 8) rather than refusing the larger max_tokens."""
     url = str(client.base_url).rstrip("/") + "/chat/completions"
     bad = [b"{oops", b'{"messages": "hi"}', b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}']
     answers = [await asyncio.to_thread(_post, url, body) for body in bad]
     ok = all(status == 400 and reason for status, reason in answers)
-    reply = await client.chat.completions.create(model="policy", max_tokens=3,
+    reply = await client.chat.completions.create(model="policy", max_tokens=100,
                                                  messages=[{"role": "user", "content": example.question}])
-    return float(ok and reply.choices[0].message.content is not None)
+    capped = reply.usage.completion_tokens <= 8 and reply.choices[0].finish_reason in ("length", "stop")
+    return float(ok and capped and reply.choices[0].message.content is not None)
+
+
+async def huge_beside_small(example, client):
+    """Small calls while a 5 MB one that cannot fit is unanswered, against a small call alone just before: returns 1
+    if in one of five tries none was later than 100 ms over (as tests/test_serve.py asks of `a3po serve`)."""
+    url = str(client.base_url).rstrip("/") + "/chat/completions"
+    huge = json.dumps({"messages": [{"role": "user", "content": "hello world " * 420_000}]}).encode()
+
+    async def small() -> float:
+        start = time.perf_counter()
+        await client.chat.completions.create(model="policy", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+        return time.perf_counter() - start
+
+    late = []
+    for _ in range(5):
+        alone = await small()
+        refused = asyncio.ensure_future(asyncio.to_thread(_post, url, huge))
+        beside = []
+        while not refused.done():
+            beside.append(await small())
+        status, reason = await refused
+        if status != 400 or "context" not in reason:
+            return 0.0
+        if beside:
+            late.append(max(beside) - alone)
+    return float(bool(late) and min(late) < 0.1)
+
+
+async def calls_a_tool(example, client):
+    """One function tool; the call the reply makes is answered with a tool message: 1 if it was `add`."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    first = [{"role": "user", "content": example.question}]
+    a = await client.chat.completions.create(model="policy", messages=first, tools=tools, max_tokens=48)
+    said = a.choices[0].message
+    if a.choices[0].finish_reason != "tool_calls" or not said.tool_calls:
+        return 0.0
+    call = said.tool_calls[0]
+    echo = {"role": "assistant", "content": said.content, "tool_calls": [c.model_dump() for c in said.tool_calls]}
+    await client.chat.completions.create(model="policy", tools=tools, max_tokens=48, messages=[
+        *first, echo, {"role": "tool", "tool_call_id": call.id, "content": "7"}])
+    return float(call.function.name == "add" and json.loads(call.function.arguments) == {})
 
 
 async def wrong_url(example, client):

@@ -9,6 +9,7 @@ episode with the reason; the endpoint listens on loopback only.
 """
 
 import copy
+import json
 import socket
 import time
 
@@ -18,27 +19,29 @@ import torch
 from a3po.agents.host import AgentProcess
 from a3po.data import Example
 from a3po.data.rewards import Imported
-from a3po.rollout.agents import AgentRunner
+from a3po.rollout.agents import AgentRunner, prompt_threads
 from a3po.rollout.chat import ChatQueue
 from a3po.rollout.episodes import Turns
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_messages
 from a3po.serving.http import ChatServer
+from a3po.serving.protocol import ChatRequest, chat_completion
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 3 + 4?"
 
 
 class Harness:
-    def __init__(self, tiny, timeout_s=30.0, max_turns=4, max_context=512, agent="by_example"):
+    def __init__(self, tiny, timeout_s=30.0, max_turns=4, max_context=512, agent="by_example", max_new_tokens=8):
         self.model, self.tok = tiny
         self.engine = LocalEngine(self.model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
                                   max_batch=16, reprefill_on_update=True)
         self.chat = chat = ChatQueue(timeout_s)
         self.server = ChatServer(chat.ask, "tiny").start()
         self.agents = AgentProcess(Imported(f"scripted_agents:{agent}"), timeout_s)
-        self.runner = AgentRunner(self.engine, self.tok, Turns(max_turns, 8, max_context), self.agents, self.server,
-                                  chat)
+        self.threads = prompt_threads()
+        self.runner = AgentRunner(self.engine, self.tok, Turns(max_turns, max_new_tokens, max_context), self.agents,
+                                  self.server, chat, self.threads)
         self.n = 0
 
     def start(self, agent: str, **example):
@@ -65,6 +68,7 @@ class Harness:
         self.agents.close()
         self.chat.close()
         self.server.close()
+        self.threads.shutdown(wait=False, cancel_futures=True)
 
 
 @pytest.fixture
@@ -162,6 +166,13 @@ def test_bad_requests_are_400s_and_a_strangers_url_is_a_404(harness):
     assert [t.n_generated for t in h.rows(ended[2])] == [0]  # no model call: the question stands in
 
 
+def test_a_small_call_is_not_held_up_while_a_5_mb_one_is_refused(harness):
+    h = harness(max_turns=64)
+    h.start("huge_beside_small")
+    ended = h.run()
+    assert ended[1].failure is None and ended[1].reward == 1.0
+
+
 @pytest.mark.parametrize("agent, why", [
     ("raises", "ValueError: the agent broke"),
     ("returns_text", "the agent returned a non-numeric reward 'high'"),
@@ -254,8 +265,89 @@ def test_a_reply_is_cut_before_the_stop_string_that_ended_it(tiny):
     _, tok = tiny
     ids = tok.encode("<calc>12 + 3</calc>", add_special_tokens=False)
     c = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="stop")
-    assert reply_of(c, tok, False, ("</calc>", "zz")).text == "<calc>12 + 3"
-    assert reply_of(c, tok, False, ()).text == "<calc>12 + 3</calc>"
+    plain, with_logprobs = ChatRequest([]), ChatRequest([], logprobs=True)
+    assert reply_of(c, tok, plain, ("</calc>", "zz")).text == "<calc>12 + 3"
+    assert reply_of(c, tok, plain, ()).text == "<calc>12 + 3</calc>"
     long = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="length")
-    assert reply_of(long, tok, True, ("</calc>",)).text == "<calc>12 + 3</calc>"  # not ended by it: kept whole
-    assert reply_of(c, tok, True, ()).completion_tokens == len(ids)
+    assert reply_of(long, tok, with_logprobs, ("</calc>",)).text == "<calc>12 + 3</calc>"  # not ended by it: whole
+    assert reply_of(c, tok, with_logprobs, ()).completion_tokens == len(ids)
+
+
+def test_tool_calls_are_read_from_the_reply_text_and_the_tokens_stay_as_generated(tiny):
+    """Hermes-format calls become the protocol's tool_calls (finish_reason "tool_calls"), text around them the
+    content; malformed call text comes back as the text it is; tool_choice "none", no tools offered, or a template
+    with no known format leave the text alone. The completion's ids are never touched."""
+    from a3po.rollout.chat import reply_of
+    from a3po.rollout.engine import Completion
+    from a3po.serving.toolcalls import format_of
+
+    _, tok = tiny
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    asked, refused = ChatRequest([], tools=tools), ChatRequest([], tools=tools, tool_choice="none")
+    assert format_of("{% for t in tools %}<tool_call>{{ t }}</tool_call>{% endfor %}") == "hermes"
+    assert format_of(tok.chat_template) is None and format_of(None) is None
+
+    def reply(text, request=asked, fmt="hermes"):
+        ids = tok.encode(text, add_special_tokens=False)
+        c = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="stop")
+        got = reply_of(c, tok, request, (), fmt)
+        assert c.output_ids == ids and got.completion_tokens == len(ids)
+        return got, chat_completion(got, "tiny")["choices"][0]
+
+    got, choice = reply('Adding. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+                        '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>')
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Adding."
+    calls = choice["message"]["tool_calls"]
+    assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+           [("function", "add", {"a": 1, "b": 2}), ("function", "add", {"a": 3, "b": 4})]
+    assert len({c["id"] for c in calls}) == 2 and not got.malformed_tool_call
+    _, choice = reply('<tool_call>{"name": "add", "arguments": {}}</tool_call>')
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    for bad in ('<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>',
+                '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"name": "add", "arguments": [1]}</tool_call>',
+                'Adding. <tool_call>{"name": "add"'):
+        got, choice = reply(bad)
+        assert got.malformed_tool_call and choice["message"] == {"role": "assistant", "content": bad}, bad
+        assert choice["finish_reason"] == "stop"
+    text = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    for request, fmt in ((refused, "hermes"), (ChatRequest([]), "hermes"), (asked, None)):
+        got, choice = reply(text, request, fmt)
+        assert choice["message"]["content"] == text and "tool_calls" not in choice["message"]
+
+
+HERMES = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+          "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # Hermes calls, tools not shown
+CALL = '<tool_call>{"name": "add"}</tool_call>'
+
+
+def test_a_tool_call_comes_back_as_tool_calls_and_its_echo_continues_the_row(tiny):
+    """The tiny model taught, by a few supervised steps, to answer in the Hermes format its template shows: the
+    reply is tool_calls; the agent's next request carries that assistant message and a tool result, and continues
+    the same row, whose trained tokens are exactly the two completions' ids."""
+    model, tok = tiny[0], copy.deepcopy(tiny[1])
+    tok.chat_template = HERMES
+    prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
+                                     tokenize=False)
+    ids = tok.encode(prompt + CALL, add_special_tokens=False) + [tok.eos_token_id]
+    n_prompt = len(tok.encode(prompt, add_special_tokens=False))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(40):
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+        loss = -logp.gather(-1, torch.tensor(ids[1:])[:, None])[n_prompt - 1:].mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    h = Harness((model, tok), max_new_tokens=48)
+    try:
+        generated = []
+        h.runner.start(("g", 1), Example(QUESTION, "7", 1, {"agent": "calls_a_tool"}), seed=1, greedy=True)
+        ep = h.run(lambda c: generated.append(c.output_ids))[1]
+    finally:
+        h.close()
+    assert tok.decode(generated[0], skip_special_tokens=True) == CALL  # the taught answer, as tokens
+    assert ep.failure is None and ep.reward == 1.0 and ep.calls == 2, (ep.failure, ep.reward)
+    [t] = h.rows(ep)  # the echo of the call continued the row
+    assert [i for i, m in zip(t.output_ids, t.output_mask) if m] == generated[0] + generated[1]
+    sent = [i for i, m in zip(t.output_ids, t.output_mask) if not m]  # the call is not rendered again from tool_calls
+    assert tok.decode(sent) == "\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"

@@ -205,6 +205,21 @@ def test_the_calculator_parses_arithmetic_and_never_evaluates_text():
     assert env.step("The answer is 578.").reward == 0.0
 
 
+def test_the_calculator_is_exact_and_reads_only_plain_ascii_numbers():
+    """Past float's 53 bits a result stays exact; a comma that is not a thousands separator (`1,5`), and digits of
+    other scripts (Arabic-Indic, fullwidth), are refused with the reason rather than read as something else."""
+    assert format_number(evaluate("100000000000000000/3")) == "33333333333333333.333333"  # float said ...332
+    assert format_number(evaluate("2/3")) == "0.666667" and format_number(evaluate("-2/3")) == "-0.666667"
+    assert format_number(evaluate("1/8")) == "0.125" and format_number(evaluate("-1/3000000")) == "-0.000000"
+    assert evaluate("1,500 + 1") == 1501 and evaluate("1,234,567.5*2") == 2469135
+    for bad, why in [("1,5 + 1", "'1,5' is not a number"), ("12, + 1", "'12,' is not a number"),
+                     ("1,5000", "'1,5000' is not a number"), ("0,500", "'0,500' is not"),
+                     ("\u0661\u0662 + \u0663", "unexpected character '\u0661'"),
+                     ("\uff11 + 1", "unexpected character")]:
+        with pytest.raises(ArithError, match=re.escape(why)):
+            evaluate(bad)
+
+
 def test_inline_observations_continue_the_model_message(tiny):
     _, tok = tiny
     ids = ChatTurns(tok).observation("<result>7</result>", "user", inline=True, ended_by_eos=False)

@@ -4,8 +4,10 @@ client, raw HTTP and a3po's own judge client."""
 import http.client
 import json
 import re
+import select
 import socket
 import threading
+import time
 
 import openai
 import pytest
@@ -74,6 +76,12 @@ def test_concurrent_requests_are_all_answered(tiny_server):
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', "n=3"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": true}', "stream=true"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop="),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', "top_logprobs=3 is not served"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
+     'response_format={"type": "json_object"} is not served'),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice=\"required\""),
+    (b'{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}', "frequency_penalty=0.5"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}', "logit_bias="),
 ])
 def test_a_malformed_request_is_a_400_with_its_reason_and_the_server_goes_on(tiny_server, body, why):
     status, data = post(tiny_server, "/v1/chat/completions", body)
@@ -82,8 +90,105 @@ def test_a_malformed_request_is_a_400_with_its_reason_and_the_server_goes_on(tin
     assert ok == 200
 
 
+def test_the_developer_role_is_the_system_role_and_harmless_defaults_are_accepted(tiny_server):
+    ask = {"model": "tiny", "max_tokens": 3, "temperature": 0, "logprobs": True}
+    question = {"role": "user", "content": "2+3?"}
+    as_system = post(tiny_server, "/v1/chat/completions", json.dumps(
+        {**ask, "messages": [{"role": "system", "content": "Be brief."}, question]}).encode())
+    as_developer = post(tiny_server, "/v1/chat/completions", json.dumps(
+        {**ask, "messages": [{"role": "developer", "content": "Be brief."}, question], "top_logprobs": 0,
+         "tool_choice": "auto", "response_format": {"type": "text"}, "stream": False,
+         "frequency_penalty": 0}).encode())
+    assert as_system[0] == as_developer[0] == 200
+    assert as_system[1]["usage"] == as_developer[1]["usage"]  # the same prompt tokens: rendered as system
+    assert as_system[1]["choices"][0]["message"] == as_developer[1]["choices"][0]["message"]
+
+
 def test_unknown_paths_are_404s(tiny_server):
     assert post(tiny_server, "/v2/complete", b"{}")[0] == 404
+    status, data = post(tiny_server, "/abc/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}')
+    assert status == 404 and "/abc/v1/chat/completions" in data["error"]["message"]  # serve has no episode routes
+    assert raw(tiny_server, b"GET /abc/v1/models HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 404
+
+
+def raw(url: str, request: bytes) -> tuple[int, dict, str]:
+    """(status, JSON body, head) of one request written byte for byte on a real socket."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(request)
+        return _reply(s)
+
+
+def _reply(s: socket.socket) -> tuple[int, dict, str]:
+    got = b""
+    while b"\r\n\r\n" not in got or len(got.split(b"\r\n\r\n", 1)[1]) < _length(got):
+        chunk = s.recv(65536)
+        assert chunk, f"the server closed the connection without a full reply: {got!r}"
+        got += chunk
+    head, body = got.split(b"\r\n\r\n", 1)
+    return int(head.split()[1]), json.loads(body[:_length(got)]), head.decode()
+
+
+def _length(got: bytes) -> int:
+    m = re.search(rb"(?i)content-length: *(\d+)", got.split(b"\r\n\r\n", 1)[0])
+    return int(m[1]) if m else 1 << 30
+
+
+def test_protocol_edges_get_json_errors_that_name_what_is_wrong(tiny_server):
+    deep = b"[" * 100_000
+    status, data = post(tiny_server, "/v1/chat/completions", deep)
+    assert status == 400 and "nested deeper than" in data["error"]["message"]
+    tools = b'[{"type": "function", "function": {"name": "f", "parameters": ' + b'{"a": ' * 200 + b"1" + b"}" * 200
+    status, data = post(tiny_server, "/v1/chat/completions",
+                        b'{"messages": [{"role": "user", "content": "x"}], "tools": ' + tools + b"}}]}")
+    assert status == 400 and "nested deeper than" in data["error"]["message"]  # parses, but past the bound
+    status, data, _ = raw(tiny_server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+    assert status == 400 and "Content-Length: -1" in data["error"]["message"]
+    for method in (b"DELETE", b"PUT", b"PATCH", b"BREW"):
+        status, data, head = raw(tiny_server, method + b" /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                 b"Content-Length: 0\r\n\r\n")
+        assert status == 405 and method.decode() in data["error"]["message"], (method, data)
+        assert "Allow: GET, POST" in head
+    status, data = post(tiny_server, "/v1/chat/completions",
+                        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}')
+    assert status == 400 and "max_tokens=100000" in data["error"]["message"] and "16" in data["error"]["message"]
+    assert post(tiny_server, "/v1/chat/completions",
+                b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 16}')[0] == 200
+
+
+SMALL = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}).encode()
+
+
+def test_a_small_request_is_not_held_up_while_a_5_mb_one_is_refused(tiny_server):
+    """Small requests sent one after another while a 5 MB one that cannot fit is on its socket unanswered (checked
+    with select before each, not by waiting), against the same request alone just before: within 100 ms. Held up,
+    every try has a small request late by the whole refusal (seconds of tokenising); a loaded machine delays
+    some tries by chance, so the test asks for one clean try in five."""
+    host, port = tiny_server.split("//")[1].split("/")[0].split(":")
+    huge = json.dumps({"messages": [{"role": "user", "content": "hello world " * 420_000}]}).encode()
+    assert len(huge) > 5_000_000
+    late = []  # per try: the most a small request beside the huge one took over the same request alone
+    for _ in range(5):
+        alone = _timed(tiny_server, SMALL)
+        beside = []
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(huge) + huge)
+            while not select.select([s], [], [], 0)[0]:
+                beside.append(_timed(tiny_server, SMALL))
+            status, data, _ = _reply(s)
+        assert status == 400 and "context" in data["error"]["message"]
+        if beside:
+            late.append(max(beside) - alone)
+    assert late, "the huge request was answered before any small one was sent: nothing overlapped"
+    assert min(late) < 0.1, late
+
+
+def _timed(url: str, body: bytes) -> float:
+    start = time.perf_counter()
+    status, _ = post(url, "/v1/chat/completions", body)
+    assert status == 200
+    return time.perf_counter() - start
 
 
 def _outward_address() -> str | None:

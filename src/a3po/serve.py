@@ -4,10 +4,14 @@
     # a3po serve: serving smollm2-135m-instruct at http://127.0.0.1:8011/v1 (local engine)
 
 It is the rollout engine (local or vLLM) behind the same server a rollout worker gives its
-agents (serving/http.py): POST /v1/chat/completions, GET /v1/models. Requests are batched
-continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample. The first
-line on stdout names the URL once the model is loaded (port 0 picks a free port), so a
-script can wait for it. Ctrl-C or SIGTERM stops it.
+agents (serving/http.py): POST /v1/chat/completions, GET /v1/models, no other path. Requests
+are batched continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample;
+a `max_tokens` above --max-tokens is a 400 naming the limit. When the request offers tools and
+the model's chat template writes a known tool-call format (serving/toolcalls.py), calls in a
+reply come back as `tool_calls`. A request's prompt is rendered and tokenised on its own
+request thread, so a long one never holds up the engine loop and the replies of the others.
+The first line on stdout names the URL once the model is loaded (port 0 picks a free port),
+so a script can wait for it. Ctrl-C or SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from a3po.serving.http import LOOPBACK, ChatServer
-from a3po.serving.protocol import BadRequest
+from a3po.serving.protocol import BadRequest, ChatReply, ChatRequest, check_max_tokens
 
 # The command line reads ServeArgs' defaults before torch loads: the engine's modules are imported where used.
 
@@ -41,10 +45,31 @@ class EngineLoop:
     """Takes requests off the queue, generates them in one continuous batch, replies as they finish."""
 
     def __init__(self, engine, tokenizer, chat, max_tokens: int, max_context: int):
+        from a3po.rollout.prompts import chars_per_token
+        from a3po.serving.toolcalls import format_of
+
         self.engine, self.tok, self.chat = engine, tokenizer, chat
         self.max_tokens, self.max_context = max_tokens, max_context
+        self.per_token = chars_per_token(tokenizer)
+        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))
         self._waiting: dict = {}
         self._n = 0
+
+    def answer(self, route: str | None, request: ChatRequest) -> ChatReply:
+        """Called on the server's request thread: the prompt's ids are made here, then the loop generates."""
+        from a3po.rollout.prompts import encode_within
+
+        check_max_tokens(request, self.max_tokens, "a3po serve --max-tokens")
+        try:
+            text = self.tok.apply_chat_template(request.messages, tools=request.tools, add_generation_prompt=True,
+                                                tokenize=False)
+        except Exception as e:  # the template's own error (a role order it refuses, a bad tool)
+            raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+        ids = encode_within(self.tok, text, self.max_context, self.per_token)
+        if ids is None:
+            raise BadRequest(f"the messages do not fit this model's context of {self.max_context} tokens "
+                             "with room for a reply; send a shorter conversation")
+        return self.chat.ask(route, request, ids)
 
     def step(self) -> None:
         from a3po.rollout.chat import reply_of
@@ -53,28 +78,18 @@ class EngineLoop:
             self._submit(p)
         for c in self.engine.step():
             p = self._waiting.pop(c.rid)
-            p.reply(reply_of(c, self.tok, p.request.logprobs, p.request.stop))
+            p.reply(reply_of(c, self.tok, p.request, p.request.stop, self.tool_format))
 
     def _submit(self, p) -> None:
         from a3po.rollout.engine import GenerationRequest
-        from a3po.rollout.prompts import encode_messages
 
         if p.abandoned:  # its client stopped waiting: nobody would read the reply
             return
-        r = p.request
-        try:
-            ids = encode_messages(self.tok, r.messages, r.tools)
-        except Exception as e:  # the template's own error (a role order it refuses, a bad tool)
-            p.fail(BadRequest(f"the model's chat template cannot render these messages: {e}"))
-            return
-        room = self.max_context - len(ids)
-        if room < 1:
-            p.fail(BadRequest(f"the messages are {len(ids)} tokens; this model's context is {self.max_context}"))
-            return
+        r, ids = p.request, p.prompt_ids
         self._n += 1
         self._waiting[self._n] = p
         self.engine.submit(GenerationRequest(
-            ids, min(r.max_tokens or self.max_tokens, self.max_tokens, room), rid=self._n,
+            ids, min(r.max_tokens or self.max_tokens, self.max_context - len(ids)), rid=self._n,
             temperature=r.temperature or 1.0, top_p=r.top_p, greedy=r.temperature == 0, stop=r.stop, seed=r.seed))
 
 
@@ -105,8 +120,8 @@ def main(args: ServeArgs) -> int:
     engine, tok, context = build_engine(args)
     chat = ChatQueue(args.reply_timeout_s)
     name = args.name or args.model
-    server = ChatServer(chat.ask, name, args.host, args.port)
     loop = EngineLoop(engine, tok, chat, args.max_tokens, context)
+    server = ChatServer(loop.answer, name, args.host, args.port, routes=False)
     try:
         server.start()
         print(f"a3po serve: serving {name} at {server.url} ({args.backend} engine)", flush=True)

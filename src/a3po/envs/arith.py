@@ -4,7 +4,11 @@
 
 Exact rational arithmetic (fractions), with limits on the text, the numbers, the nesting
 and the size of every intermediate result, so no input can take long or much memory.
-Anything else is an ArithError whose message the tool returns to the model.
+A number is ASCII digits only (other scripts' digits are refused, not read), with a decimal
+point and optional thousands commas in groups of three (`1,500`); any other comma (`1,5`) is
+an error rather than a guess at what was meant. Results are formatted from the fraction
+itself, never through a float. Anything else is an ArithError whose message the tool
+returns to the model.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from fractions import Fraction
 MAX_CHARS = 200
 MAX_DIGITS = 18  # per number written, and per intermediate result's numerator and denominator
 MAX_DEPTH = 16  # brackets and unary signs nested
-_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?|\.\d+)|([-+*/()]))")
-_SYMBOLS = str.maketrans({"\u00d7": "*", "\u00f7": "/", "\u2212": "-", "x": "*", "X": "*", ",": ""})
+PLACES = 6  # decimals of a result that is not exact at fewer
+_TOKEN = re.compile(r"\s*(?:([0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+)|([-+*/()]))")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?|[1-9][0-9]{0,2}(?:,[0-9]{3})+(?:\.[0-9]+)?|\.[0-9]+")
+_SYMBOLS = str.maketrans({"\u00d7": "*", "\u00f7": "/", "\u2212": "-", "x": "*", "X": "*"})
 
 
 class ArithError(ValueError):
@@ -37,10 +43,18 @@ def evaluate(text: str) -> Fraction:
 
 
 def format_number(value: Fraction) -> str:
-    """An integer as itself, anything else as a decimal rounded to 6 places."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0").rstrip(".")
+    """Exact when it can be (`7`, `0.125`), else rounded half away from zero to PLACES decimals, all shown
+    (`0.333333`, `-0.000000` for a small negative), so a rounded result reads as one. Integer arithmetic on the
+    fraction: a float would lose digits past 2**53."""
+    scale = 10 ** PLACES
+    scaled = abs(value) * scale
+    units = int(scaled + Fraction(1, 2))
+    sign = "-" if value < 0 else ""
+    whole, frac = divmod(units, scale)
+    digits = f"{frac:0{PLACES}d}"
+    if scaled.denominator == 1:  # exact at PLACES decimals: no trailing zeros
+        digits = digits.rstrip("0")
+    return f"{sign}{whole}.{digits}" if digits else f"{sign}{whole}"
 
 
 def _tokens(text: str) -> list[str]:
@@ -52,8 +66,13 @@ def _tokens(text: str) -> list[str]:
                 break
             raise ArithError(f"unexpected character {text[i]!r}")
         number, op = m.groups()
-        if number is not None and len(number.replace(".", "")) > MAX_DIGITS:
-            raise ArithError(f"number with more than {MAX_DIGITS} digits")
+        if number is not None:
+            if not _NUMBER.fullmatch(number):
+                raise ArithError(f"{number!r} is not a number: commas only between groups of three digits "
+                                 "(1,500); write a decimal with a point (1.5)")
+            number = number.replace(",", "")
+            if len(number.replace(".", "")) > MAX_DIGITS:
+                raise ArithError(f"number with more than {MAX_DIGITS} digits")
         out.append(number if number is not None else op)
         i = m.end()
     return out

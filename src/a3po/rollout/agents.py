@@ -18,7 +18,13 @@ messages begin with an earlier request's messages followed by the reply the serv
 (content equal to the reply's text), its prompt is that earlier context's token ids (the
 model's tokens as it generated them, never re-tokenised) followed by the chat template's delta
 for the new messages, as in rollout/episodes.py. Otherwise it starts a new row from the
-rendered messages.
+rendered messages. The loop only matches and submits: rendering and tokenising happen on a
+few threads of their own (`pump` hands a request there and takes it back once its ids are
+made), so a long request never holds up the engine or the other episodes' replies. A
+`max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit. Tool calls in a reply
+are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
+message carrying them, sent back, matches the reply it came from, and the template's delta is
+taken around the text the model generated (its call text included), never re-rendered calls.
 
 An episode is recorded as rows: a conversation that only grows is one row; a request that
 branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
@@ -32,9 +38,11 @@ the group.
 from __future__ import annotations
 
 import json
+import queue
 import secrets
 import time
 from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from a3po.data import Example
@@ -43,12 +51,20 @@ from a3po.rollout.chat import ChatQueue, Pending, reply_of
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.episodes import Turns
 from a3po.rollout.groups import Gathering, Group
-from a3po.rollout.prompts import encode_messages, encode_prompt
+from a3po.rollout.prompts import chars_per_token, encode_prompt, encode_within
 from a3po.serving.http import ChatServer, NotFound
 from a3po.serving.protocol import BadRequest
+from a3po.serving.toolcalls import format_of
 from a3po.trajectories import EpisodeInfo, Trajectory
 
 _SLOT = "\x00a3po-reply\x00"  # stands for the model's reply while the template renders around it
+PROMPT_THREADS = 4  # render and tokenise requests beside the loop; more only queue for the same cores
+
+
+def prompt_threads() -> ThreadPoolExecutor:
+    """The pool an AgentRunner renders and tokenises its requests in; its owner shuts it down."""
+    return ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="a3po-agent-prompt")
+_GONE = "no running episode at this URL: an agent talks to the base URL its client was given, while its episode runs"
 
 
 def _key(messages: list[dict], tools) -> tuple:
@@ -96,6 +112,20 @@ class _Call:
 
 
 @dataclass
+class _Prompt:
+    """A request on its way through a prompt thread: what the loop saw of its episode, then the ids made from it."""
+
+    pending: Pending
+    eid: Hashable
+    marks: list[tuple[int, int, Mark]]  # (row, index in the row, mark): the episode's points to continue from
+    key: tuple = ()
+    row: int = -1  # the row whose mark it continues, -1 for a new row
+    mark: int = -1
+    ids: list[int] = field(default_factory=list)  # after the mark's n_ids (all of the prompt for a new row)
+    error: BadRequest | None = None
+
+
+@dataclass
 class AgentEpisode:
     eid: Hashable
     example: Example
@@ -103,8 +133,9 @@ class AgentEpisode:
     greedy: bool
     route: str
     rows: list[Row] = field(default_factory=list)
-    calls: int = 0
-    in_flight: int = 0
+    calls: int = 0  # requests submitted to the engine
+    preparing: int = 0  # requests on a prompt thread
+    in_flight: int = 0  # requests the agent is waiting for (preparing or generating)
     agent_s: float = 0.0  # time with no call of its in flight: the agent's own work (its "environment" time)
     waiting_since: float = field(default_factory=time.perf_counter)
     reward: float = 0.0
@@ -125,7 +156,10 @@ class AgentEpisode:
 class AgentRunner:
     poll_s = 0.002  # an agent's next request waits in the chat queue until a poll submits it
 
-    def __init__(self, engine: RolloutEngine, tokenizer, turns: Turns, agents, server: ChatServer, chat: ChatQueue):
+    def __init__(self, engine: RolloutEngine, tokenizer, turns: Turns, agents, server: ChatServer, chat: ChatQueue,
+                 threads: ThreadPoolExecutor):
+        """`threads`: where requests are rendered and tokenised beside the loop (`prompt_threads`), owned by the
+        caller, as the agents' process, chat server and queue are."""
         self.engine, self.tok, self.turns, self.agents, self.server, self.chat = \
             engine, tokenizer, turns, agents, server, chat
         eos = tokenizer.eos_token_id
@@ -135,6 +169,10 @@ class AgentRunner:
         self.calls: dict[tuple, _Call] = {}  # engine rid -> the request it answers
         self._done: list[AgentEpisode] = []
         self._groups = Gathering()
+        self.per_token = chars_per_token(tokenizer)
+        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))
+        self._threads = threads
+        self._made: queue.SimpleQueue[_Prompt] = queue.SimpleQueue()  # from the prompt threads to the loop
 
     @property
     def busy(self) -> bool:
@@ -158,14 +196,21 @@ class AgentRunner:
         self.agents.start(eid, example, self.server.route_url(route))
 
     def pump(self, block_s: float = 0.0) -> None:
-        """Submit the requests that arrived (waiting up to block_s for one)."""
+        """Hand the requests that arrived (waiting up to block_s for one) to the prompt threads; submit those
+        whose prompts are made."""
         for p in self.chat.take(block_s):
             if p.abandoned:  # its agent stopped waiting: nobody would read the reply
                 continue
             try:
-                self._request(p)
+                self._accept(p)
             except (BadRequest, NotFound) as e:
                 p.fail(e)
+        while True:
+            try:
+                made = self._made.get_nowait()
+            except queue.Empty:
+                break
+            self._submit(made)
 
     def finished_turn(self, c: Completion) -> None:
         call = self.calls.pop(c.rid)
@@ -179,9 +224,12 @@ class AgentRunner:
         if not ep.in_flight:
             ep.waiting_since = time.perf_counter()
         row.add(c.output_ids, c.output_logprobs, c.output_versions, generated=True)
-        reply = reply_of(c, self.tok, call.pending.request.logprobs, (*self.turns.stop, *call.pending.request.stop))
+        reply = reply_of(c, self.tok, call.pending.request, (*self.turns.stop, *call.pending.request.stop),
+                         self.tool_format)
         ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
-        said = {"role": "assistant", "content": reply.text}
+        said = {"role": "assistant", "content": reply.text}  # as the agent sends it back (protocol._messages)
+        if reply.tool_calls:
+            said["tool_calls"] = [t.as_message_field() for t in reply.tool_calls]
         row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))
         call.pending.reply(reply)
 
@@ -206,20 +254,57 @@ class AgentRunner:
 
     # -- one request ------------------------------------------------------------------
 
-    def _request(self, p: Pending) -> None:
+    def _accept(self, p: Pending) -> None:
+        """On the loop: the request's episode and budget checked, its prompt handed to a prompt thread."""
         eid = self.routes.get(p.route) if p.route is not None else None
         ep = self.running.get(eid) if eid is not None else None
         if ep is None:
-            raise NotFound("no running episode at this URL: an agent talks to the base URL its client was given, "
-                           "while its episode runs")
-        t, r = self.turns, p.request
-        if ep.calls >= t.max_turns:
+            raise NotFound(_GONE)
+        t = self.turns
+        if ep.calls + ep.preparing >= t.max_turns:
             raise BadRequest(f"this episode has made its {t.max_turns} model calls (train_dataset.max_turns)")
-        key = _key(r.messages, r.tools)
-        i, ids, extends = self._prompt(ep, key, r.messages, r.tools)
-        if len(ids) >= t.max_context:
-            raise BadRequest(f"the conversation is {len(ids)} tokens; an episode's context is at most "
-                             f"train_dataset.max_context_tokens={t.max_context}")
+        marks = [(i, j, mark) for i, row in enumerate(ep.rows) for j, mark in enumerate(row.marks)]
+        if not ep.in_flight:
+            ep.agent_s += time.perf_counter() - ep.waiting_since
+        ep.in_flight += 1
+        ep.preparing += 1
+        self._threads.submit(self._make, _Prompt(p, eid, marks))
+
+    def _make(self, job: _Prompt) -> None:
+        """On a prompt thread: the request's key and prompt ids, from the marks the loop gave (they never change)."""
+        try:
+            r = job.pending.request
+            job.key = _key(r.messages, r.tools)
+            job.row, job.mark, job.ids = self._prompt(job.marks, job.key, r.messages, r.tools)
+        except BadRequest as e:
+            job.error = e
+        except Exception as e:  # noqa: BLE001 - a tokenizer's own failure fails this request, not the loop
+            job.error = BadRequest(f"the request's prompt could not be made: {type(e).__name__}: {e}")
+        finally:
+            self._made.put(job)
+
+    def _submit(self, job: _Prompt) -> None:
+        """On the loop: a made prompt onto its row (extended, or a new one) and into the engine."""
+        p, ep = job.pending, self.running.get(job.eid)
+        if ep is None:  # the episode ended while its prompt was made
+            p.fail(NotFound(_GONE))
+            return
+        ep.preparing -= 1
+        if job.error is not None or p.abandoned:  # abandoned: its agent stopped waiting, nobody reads a reply
+            ep.in_flight -= 1
+            if not ep.in_flight:
+                ep.waiting_since = time.perf_counter()
+            if job.error is not None:
+                p.fail(job.error)
+            return
+        t, r = self.turns, p.request
+        i = job.row
+        if i < 0:
+            ids, extends = job.ids, False
+        else:
+            row, mark = ep.rows[i], ep.rows[i].marks[job.mark]
+            ids = row.ids[:mark.n_ids] + job.ids
+            extends = not row.busy and job.mark == len(row.marks) - 1
         if extends:
             row = ep.rows[i]
             row.add(ids[len(row.ids):])
@@ -229,43 +314,51 @@ class AgentRunner:
             ep.rows.append(row)
             i = len(ep.rows) - 1
         row.busy = True
-        if not ep.in_flight:
-            ep.agent_s += time.perf_counter() - ep.waiting_since
-        ep.in_flight += 1
         ep.calls += 1
-        rid = ("agent", eid, ep.calls)
-        self.calls[rid] = _Call(p, i, key)
+        rid = ("agent", job.eid, ep.calls)
+        self.calls[rid] = _Call(p, i, job.key)
         self.engine.submit(GenerationRequest(
             ids, min(r.max_tokens or t.max_new_tokens, t.max_new_tokens, t.max_context - len(ids)), rid=rid,
-            temperature=t.temperature, greedy=ep.greedy, stop=(*t.stop, *r.stop), seed=ep.seed * 64 + ep.calls,
-            session=(eid, i)))
+            temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, greedy=ep.greedy,
+            stop=(*t.stop, *r.stop), seed=ep.seed * 64 + ep.calls, session=(job.eid, i)))
 
-    def _prompt(self, ep: AgentEpisode, key: tuple, messages: list[dict], tools) -> tuple[int, list[int], bool]:
-        """(row, the request's prompt ids, whether they extend that row): from the longest earlier conversation the
-        request continues, else rendered whole as a new row."""
+    def _prompt(self, marks: list[tuple[int, int, Mark]], key: tuple, messages: list[dict],
+                tools) -> tuple[int, int, list[int]]:
+        """(row, mark, ids after the mark's n_ids): the template's delta after the longest earlier conversation the
+        request continues, else (-1, -1, the messages rendered whole) for a new row. Either way the prompt fits
+        train_dataset.max_context_tokens with room for a reply, or it is a BadRequest."""
         best = None
-        for i, row in enumerate(ep.rows):
-            for j, mark in enumerate(row.marks):
-                if len(mark.key) < len(key) and key[:len(mark.key)] == mark.key and \
-                        (best is None or len(mark.key) > len(best[2].key)):
-                    best = (i, j, mark)
+        for i, j, mark in marks:
+            if len(mark.key) < len(key) and key[:len(mark.key)] == mark.key and \
+                    (best is None or len(mark.key) > len(best[2].key)):
+                best = (i, j, mark)
         if best is not None:
             i, j, mark = best
-            row = ep.rows[i]
-            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos)
+            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos, mark.n_ids)
             if delta is not None:
-                ids = row.ids[:mark.n_ids] + delta
-                return i, ids, (not row.busy and j == len(row.marks) - 1)
+                return i, j, delta
         try:
-            return -1, encode_messages(self.tok, messages, tools), False
+            text = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # the template's own error (a role order it refuses)
             raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
+        return -1, -1, self._fit(text, 0)
 
-    def _delta(self, messages: list[dict], n: int, tools, ended_by_eos: bool) -> list[int] | None:
+    def _fit(self, text: str, before: int) -> list[int]:
+        """text's ids, when `before` ids and they leave room for a reply in the context."""
+        t = self.turns
+        ids = encode_within(self.tok, text, t.max_context - before, self.per_token)
+        if ids is None:
+            raise BadRequest(f"the conversation does not fit an episode's context with room for a reply "
+                             f"(train_dataset.max_context_tokens={t.max_context})")
+        return ids
+
+    def _delta(self, messages: list[dict], n: int, tools, ended_by_eos: bool, before: int) -> list[int] | None:
         """Ids after the model's reply (message n - 1) for messages n..: the rest of the template's closing of the
         reply and the new messages, from the template's own text; None if the template renders earlier messages
         differently once more follow (then the request is rendered whole)."""
-        said = [*messages[:n - 1], {**messages[n - 1], "content": _SLOT}]
+        # the reply as the text the model generated: its calls are in that text, not rendered again from tool_calls
+        reply = {k: v for k, v in messages[n - 1].items() if k != "tool_calls"}
+        said = [*messages[:n - 1], {**reply, "content": _SLOT}]
         try:
             base = self.tok.apply_chat_template(said, tools=tools, tokenize=False)
             full = self.tok.apply_chat_template([*said, *messages[n:]], tools=tools, add_generation_prompt=True,
@@ -277,4 +370,4 @@ class AgentRunner:
         closing = base[base.rindex(_SLOT) + len(_SLOT):]
         if ended_by_eos and self.eos_text and closing.startswith(self.eos_text):
             closing = closing[len(self.eos_text):]
-        return self.tok.encode(closing + full[len(base):], add_special_tokens=False)
+        return self._fit(closing + full[len(base):], before)

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from a3po.rollout.engine import Completion
 from a3po.serving.http import Unavailable
 from a3po.serving.protocol import ChatReply, ChatRequest
+from a3po.serving.toolcalls import read_tool_calls
 
 
 @dataclass
 class Pending:
     route: str | None
     request: ChatRequest
+    prompt_ids: list[int] | None = None  # made on the request thread where they do not depend on the loop's state
     _done: threading.Event = field(default_factory=threading.Event)
     _reply: ChatReply | None = None
     _error: Exception | None = None
@@ -42,11 +44,11 @@ class ChatQueue:
         self._inbox: queue.Queue[Pending] = queue.Queue()
         self._closed = False
 
-    def ask(self, route: str | None, request: ChatRequest) -> ChatReply:
+    def ask(self, route: str | None, request: ChatRequest, prompt_ids: list[int] | None = None) -> ChatReply:
         """Called on a request thread: blocks until the engine loop replies, or the deadline passes."""
         if self._closed:
             raise Unavailable("the server is stopping")
-        pending = Pending(route, request)
+        pending = Pending(route, request, prompt_ids)
         self._inbox.put(pending)
         if not pending._done.wait(self.reply_timeout_s):
             pending.abandoned = True
@@ -73,12 +75,16 @@ class ChatQueue:
             p.fail(Unavailable("the server is stopping"))
 
 
-def reply_of(c: Completion, tokenizer, logprobs: bool, stop: tuple[str, ...] = ()) -> ChatReply:
+def reply_of(c: Completion, tokenizer, request: ChatRequest, stop: tuple[str, ...] = (),
+             tool_format: str | None = None) -> ChatReply:
     """The reply for a finished completion: its text without special tokens, cut before the stop string that
-    ended it (the protocol's replies never hold it; the tokens keep it), and per-token log-probs if asked."""
+    ended it (the protocol's replies never hold it; the tokens keep it), per-token log-probs if asked, and the
+    tool calls the text holds in `tool_format` when the request offered tools and did not say tool_choice "none"
+    (a reading of the text: the tokens stay as generated)."""
     text = tokenizer.decode(c.output_ids, skip_special_tokens=True)
     if c.finish_reason == "stop":
         text = text[:min([i for s in stop if (i := text.find(s)) >= 0], default=len(text))]
-    texts = [tokenizer.decode([t]) for t in c.output_ids] if logprobs else []
-    return ChatReply(text, c.finish_reason, len(c.prompt_ids), len(c.output_ids), texts,
-                     list(c.output_logprobs) if logprobs else [])
+    view = read_tool_calls(tool_format if request.tools and request.tool_choice != "none" else None, text)
+    texts = [tokenizer.decode([t]) for t in c.output_ids] if request.logprobs else []
+    return ChatReply(view.content, c.finish_reason, len(c.prompt_ids), len(c.output_ids), texts,
+                     list(c.output_logprobs) if request.logprobs else [], view.calls, view.malformed)

@@ -29,6 +29,31 @@ def encode_messages(tokenizer, messages: list[dict], tools: list[dict] | None = 
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def chars_per_token(tokenizer) -> int | None:
+    """The most characters of text one token can stand for, or None when the tokenizer can make text shorter
+    than its tokens' strings (a normaliser, a pre-tokenizer that drops whitespace, unknown characters fused into
+    one token), so that no such bound holds. A byte-level or byte-fallback BPE writes every byte it covers in its
+    token's string, so the longest string in the vocabulary bounds it."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None or type(backend.model).__name__ != "BPE":
+        return None
+    if backend.model.unk_token is not None and not backend.model.byte_fallback:
+        return None
+    if any(word in str(backend.pre_tokenizer) for word in ("Whitespace", "Bert", "Removed")):
+        return None
+    return max(map(len, tokenizer.get_vocab()))
+
+
+def encode_within(tokenizer, text: str, limit: int, per_token: int | None) -> list[int] | None:
+    """text's ids, or None when they are `limit` or more. A text longer than limit x per_token characters
+    (chars_per_token) is None without being tokenised: a request of megabytes costs nothing to refuse, where
+    tokenising it would hold the interpreter for a noticeable time."""
+    if per_token is not None and len(text) > limit * per_token:
+        return None
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids if len(ids) < limit else None
+
+
 class ChatTurns:
     """The ids to append after a model turn for an observation, from the template's own text."""
 

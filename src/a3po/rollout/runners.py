@@ -29,7 +29,7 @@ from a3po.data import CallProcess, RewardFn, RewardProcess
 from a3po.data.rewards import Imported
 from a3po.envs import EnvSpec
 from a3po.envs.host import EnvHost
-from a3po.rollout.agents import AgentRunner
+from a3po.rollout.agents import AgentRunner, prompt_threads
 from a3po.rollout.chat import ChatQueue
 from a3po.rollout.completions import Completions
 from a3po.rollout.engine import RolloutEngine
@@ -59,9 +59,12 @@ class Runners:
         if scoring.agent is not None:
             chat = ChatQueue(reply_timeout_s=d.agent_timeout_s)
             server = self._own(ChatServer(chat.ask, model=cfg.actor.path).start())
+            threads = prompt_threads()
+            self._owned.callback(threads.shutdown, wait=False, cancel_futures=True)
             self._make = functools.partial(AgentRunner, turns=Turns.from_config(cfg, None), server=server,
                                            chat=self._own(chat),
-                                           agents=self._own(AgentProcess(scoring.agent, d.agent_timeout_s)))
+                                           agents=self._own(AgentProcess(scoring.agent, d.agent_timeout_s)),
+                                           threads=threads)
         elif scoring.env is not None:
             env = CallProcess(EnvHost(scoring.env.factory), d.env_timeout_s, what="environment")
             self._make = functools.partial(EpisodeRunner, spec=scoring.env, turns=Turns.from_config(cfg, scoring.env),

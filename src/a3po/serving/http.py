@@ -9,8 +9,10 @@
 engine loop has the reply (rollout/chat.py hands it over); it raises BadRequest (400),
 NotFound (404) or Unavailable (503) to refuse. `route` is the first path segment before
 `/v1` (`/ep-7/v1/chat/completions` -> "ep-7"), None for `/v1/...`: a rollout worker gives
-each episode its own base URL that way. The server binds 127.0.0.1 unless told otherwise
-and, whatever it binds, answers only peers on a loopback address (403 for the others).
+each episode its own base URL that way; a server made with `routes=False` (`a3po serve`)
+has only `/v1/...`. The server binds 127.0.0.1 unless told otherwise and, whatever it binds,
+answers only peers on a loopback address (403 for the others). Every answer is JSON, errors
+included: a method other than GET and POST is a 405, a bad request line or header a 400.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class ChatServer:
-    def __init__(self, answer: Answer, model: str, host: str = LOOPBACK, port: int = 0):
-        self.answer, self.model = answer, model
+    def __init__(self, answer: Answer, model: str, host: str = LOOPBACK, port: int = 0, routes: bool = True):
+        self.answer, self.model, self.routes = answer, model, routes
         handler = type("Handler", (_Handler,), {"server_ref": self})
         self._httpd = _Server((host, port), handler)
         self._thread: threading.Thread | None = None
@@ -87,6 +89,15 @@ class ChatServer:
         self._httpd.server_close()
 
 
+def _byte_count(header: str) -> int | None:
+    """A Content-Length's value, or None if it is not one (a sign, letters, other scripts' digits)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*", header)
+    if m is None:
+        return None
+    digits = m[1].lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10 ** 18  # over any limit; int() refuses past 4300 digits
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_ref: ChatServer
     protocol_version = "HTTP/1.1"
@@ -104,10 +115,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(403, error("this server answers loopback clients only", "permission_error"))
         return not loopback
 
+    def _match(self) -> re.Match | None:
+        m = _PATH.match(self.path.split("?")[0])
+        return None if m is None or (m["route"] is not None and not self.server_ref.routes) else m
+
     def do_GET(self):  # noqa: N802 - http.server's name
         if self._refuse_remote():
             return
-        m = _PATH.match(self.path.split("?")[0])
+        m = self._match()
         if m is None or m["what"] != "models":
             self._send(404, error(f"no GET {self.path}; this server has GET /v1/models", "not_found_error"))
             return
@@ -117,18 +132,22 @@ class _Handler(BaseHTTPRequestHandler):
         if self._refuse_remote():
             return
         server = self.server_ref
-        m = _PATH.match(self.path.split("?")[0])
+        m = self._match()
         if m is None or m["what"] != "chat/completions":
             self._drain()
             self._send(404, error(f"no POST {self.path}; this server has POST /v1/chat/completions",
                                   "not_found_error"))
             return
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
+        given = self.headers.get("Content-Length")
+        if given is None:
             self._send(411, error("send a Content-Length header with the JSON body"), close=True)
             return
-        if not 0 <= length <= MAX_BODY_BYTES:
+        length = _byte_count(given)
+        if length is None:
+            self._send(400, error(f"Content-Length: {given.strip()[:40]} is not a byte count; send the body's "
+                                  "length in bytes"), close=True)
+            return
+        if length > MAX_BODY_BYTES:
             self._send(413, error(f"the body is {length} bytes, more than {MAX_BODY_BYTES}"), close=True)
             return
         body = self.rfile.read(length)
@@ -143,20 +162,29 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(200, chat_completion(reply, server.model))
 
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (an unknown method, a malformed request line or header) as JSON errors."""
+        if code == 501 and self.command:  # http.server's answer to a method it has no do_ method for
+            self._send(405, error(f"{self.command} is not served; this server answers GET /v1/models and POST "
+                                  "/v1/chat/completions", "method_not_allowed"), close=True,
+                       headers={"Allow": "GET, POST"})
+            return
+        self._send(code, error(message or explain or f"HTTP {code}"), close=True)
+
     def _drain(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = 0
+        given = self.headers.get("Content-Length", "0")
+        length = _byte_count(given) or 0
         if 0 < length <= MAX_BODY_BYTES:
             self.rfile.read(length)
 
-    def _send(self, status: int, payload: dict, close: bool = False) -> None:
+    def _send(self, status: int, payload: dict, close: bool = False, headers: dict | None = None) -> None:
         data = json.dumps(payload).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             if close:
                 self.send_header("Connection", "close")
                 self.close_connection = True
