@@ -144,7 +144,8 @@ def _serve(args) -> int:
         from a3po import serve
     try:
         return serve.main(serve.ServeArgs(args.model, args.host, args.port, args.backend, args.dtype, args.device,
-                                          args.max_tokens, args.name, args.seed))
+                                          args.max_tokens, args.name, args.seed,
+                                          tool_call_format=args.tool_call_format))
     except Exception as e:
         return ended(e, exits.SERVE)
 
@@ -197,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Serve a model (a built-in name, a model folder, a hub id, or a run's exported "
                                     "model) at http://HOST:PORT/v1 with POST /v1/chat/completions and GET /v1/models. "
                                     "The first line printed names the URL once the model is loaded.")
-    from a3po.config.choices import Backend, Dtype
+    from a3po.config.choices import Backend, Dtype, ToolCallFormat
     from a3po.config.schema import ActorConfig
     from a3po.serve import ServeArgs
 
@@ -212,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the most tokens one reply may generate (default: %(default)s)")
     sv.add_argument("--name", help="the model name it reports (default: --model)")
     sv.add_argument("--seed", type=int, default=ServeArgs.seed, help="sampling seed of requests without one")
+    sv.add_argument("--tool-call-format", default=ServeArgs.tool_call_format, choices=ToolCallFormat.CHOICES,
+                    help="how tool calls are read from replies: auto (the format the chat template writes), "
+                         "none (replies stay text) or a format named (docs/training.md, tool calls)")
 
     show = sub.add_parser("config", help="print the resolved configuration as YAML", epilog=keys_help(),
                           formatter_class=argparse.RawDescriptionHelpFormatter)

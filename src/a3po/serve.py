@@ -8,7 +8,8 @@ agents (serving/http.py): POST /v1/chat/completions, GET /v1/models, no other pa
 are batched continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample;
 a `max_tokens` above --max-tokens is a 400 naming the limit. When the request offers tools and
 the model's chat template writes a known tool-call format (serving/toolcalls.py), calls in a
-reply come back as `tool_calls`. A request's prompt is rendered and tokenised on its own
+reply come back as `tool_calls` (--tool-call-format names the format where the template
+does not show it, or `none` to return replies as text). A request's prompt is rendered and tokenised on its own
 request thread, so a long one never holds up the engine loop and the replies of the others.
 The first line on stdout names the URL once the model is loaded (port 0 picks a free port),
 so a script can wait for it. Ctrl-C or SIGTERM stops it.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from a3po.config.choices import AUTO
 from a3po.serving.http import LOOPBACK, ChatServer
 from a3po.serving.protocol import BadRequest, ChatReply, ChatRequest, check_max_tokens
 
@@ -39,19 +41,20 @@ class ServeArgs:
     name: str | None = None
     seed: int = 0
     reply_timeout_s: float = 600.0
+    tool_call_format: str = AUTO  # ToolCallFormat: auto reads the format the chat template writes
 
 
 class EngineLoop:
     """Takes requests off the queue, generates them in one continuous batch, replies as they finish."""
 
-    def __init__(self, engine, tokenizer, chat, max_tokens: int, max_context: int):
+    def __init__(self, engine, tokenizer, chat, max_tokens: int, max_context: int, tool_call_format: str = AUTO):
         from a3po.rollout.prompts import chars_per_token
-        from a3po.serving.toolcalls import format_of
+        from a3po.serving.toolcalls import resolve
 
         self.engine, self.tok, self.chat = engine, tokenizer, chat
         self.max_tokens, self.max_context = max_tokens, max_context
         self.per_token = chars_per_token(tokenizer)
-        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))
+        self.tool_format = resolve(tool_call_format, getattr(tokenizer, "chat_template", None))
         self._waiting: dict = {}
         self._n = 0
 
@@ -120,7 +123,7 @@ def main(args: ServeArgs) -> int:
     engine, tok, context = build_engine(args)
     chat = ChatQueue(args.reply_timeout_s)
     name = args.name or args.model
-    loop = EngineLoop(engine, tok, chat, args.max_tokens, context)
+    loop = EngineLoop(engine, tok, chat, args.max_tokens, context, args.tool_call_format)
     server = ChatServer(loop.answer, name, args.host, args.port, routes=False)
     try:
         server.start()

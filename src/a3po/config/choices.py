@@ -87,3 +87,16 @@ class OnFailure:
     DROP = "drop"  # its group is dropped and refilled from the dataset
     STOP = "stop"  # the run stops with the reason
     CHOICES = (ZERO, DROP, STOP)
+
+
+class ToolCallFormat:
+    """train_dataset.tool_call_format, `a3po serve --tool-call-format`: how tool calls are read out of replies.
+
+    Each named format has its reader in serving/toolcalls.py, keyed by these names."""
+
+    NONE = "none"  # replies are text as written, whatever they hold
+    HERMES = "hermes"  # <tool_call>{json}</tool_call> (Qwen2.5, Qwen3, SmolLM2)
+    MISTRAL = "mistral"  # [TOOL_CALLS][{json}, ...]
+    LLAMA3 = "llama3"  # the whole reply one {"name": ..., "parameters": {...}} (Llama 3.1, 3.2)
+    READ = (HERMES, MISTRAL, LLAMA3)  # in the order a chat template is matched against them
+    CHOICES = (AUTO, NONE, *READ)

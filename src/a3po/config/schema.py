@@ -28,6 +28,7 @@ from a3po.config.choices import (
     Launcher,
     OnFailure,
     ServiceKind,
+    ToolCallFormat,
     WeightUpdate,
 )
 
@@ -286,6 +287,10 @@ class DatasetConfig:
     agent: str | None = opt(None, "episodes run by your agent, module:function with async def run(example, client) "
                                   "-> reward, client an openai.AsyncOpenAI pointed at the policy; its completions "
                                   "train (docs/training.md, agents); null = no agent")
+    tool_call_format: str = opt(AUTO, "with agent: how tool calls are read from its replies into tool_calls: auto "
+                                      "(the format the chat template writes; none found: text), none (replies stay "
+                                      "text), or a format named (docs/training.md, tool calls)",
+                                choices=ToolCallFormat.CHOICES)
     agent_timeout_s: float = opt(120.0, "with agent: an agent's whole episode deadline; past it the episode fails and "
                                         "counts as a failure", gt=0)
     env_timeout_s: float = opt(5.0, "with env: an environment call (reset or step) running longer than this fails its "
@@ -520,8 +525,8 @@ def inert_keys(cfg: Config) -> list[tuple[str, Any, str]]:
          "train_dataset.env or train_dataset.agent", "both are null", "set one of them"),
         ("train_dataset", ("turn_discount", "env_timeout_s"), env, "train_dataset.env",
          "train_dataset.env is null", "set an environment"),
-        ("train_dataset", ("agent_timeout_s",), agent, "train_dataset.agent", "train_dataset.agent is null",
-         "set an agent"),
+        ("train_dataset", ("agent_timeout_s", "tool_call_format"), agent, "train_dataset.agent",
+         "train_dataset.agent is null", "set an agent"),
         ("actor", ("kl_estimator",), a.kl_ctl > 0, "actor.kl_ctl > 0", "actor.kl_ctl is 0", "set actor.kl_ctl"),
         ("actor", ("behav_imp_weight_mode",), a.behav_imp_weight_cap is not None, "actor.behav_imp_weight_cap",
          "actor.behav_imp_weight_cap is null", "set a cap"),

@@ -45,6 +45,7 @@ from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from a3po.config.choices import AUTO
 from a3po.data import Example
 from a3po.episode_end import EpisodeEnd
 from a3po.rollout.chat import ChatQueue, Pending, reply_of
@@ -54,7 +55,7 @@ from a3po.rollout.groups import Gathering, Group
 from a3po.rollout.prompts import chars_per_token, encode_prompt, encode_within
 from a3po.serving.http import ChatServer, NotFound
 from a3po.serving.protocol import BadRequest
-from a3po.serving.toolcalls import format_of
+from a3po.serving.toolcalls import resolve
 from a3po.trajectories import EpisodeInfo, Trajectory
 
 _SLOT = "\x00a3po-reply\x00"  # stands for the model's reply while the template renders around it
@@ -157,9 +158,10 @@ class AgentRunner:
     poll_s = 0.002  # an agent's next request waits in the chat queue until a poll submits it
 
     def __init__(self, engine: RolloutEngine, tokenizer, turns: Turns, agents, server: ChatServer, chat: ChatQueue,
-                 threads: ThreadPoolExecutor):
+                 threads: ThreadPoolExecutor, tool_call_format: str = AUTO):
         """`threads`: where requests are rendered and tokenised beside the loop (`prompt_threads`), owned by the
-        caller, as the agents' process, chat server and queue are."""
+        caller, as the agents' process, chat server and queue are. `tool_call_format`: a ToolCallFormat choice
+        (train_dataset.tool_call_format)."""
         self.engine, self.tok, self.turns, self.agents, self.server, self.chat = \
             engine, tokenizer, turns, agents, server, chat
         eos = tokenizer.eos_token_id
@@ -170,7 +172,7 @@ class AgentRunner:
         self._done: list[AgentEpisode] = []
         self._groups = Gathering()
         self.per_token = chars_per_token(tokenizer)
-        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))
+        self.tool_format = resolve(tool_call_format, getattr(tokenizer, "chat_template", None))
         self._threads = threads
         self._made: queue.SimpleQueue[_Prompt] = queue.SimpleQueue()  # from the prompt threads to the loop
 

@@ -64,7 +64,7 @@ class Runners:
             self._make = functools.partial(AgentRunner, turns=Turns.from_config(cfg, None), server=server,
                                            chat=self._own(chat),
                                            agents=self._own(AgentProcess(scoring.agent, d.agent_timeout_s)),
-                                           threads=threads)
+                                           threads=threads, tool_call_format=d.tool_call_format)
         elif scoring.env is not None:
             env = CallProcess(EnvHost(scoring.env.factory), d.env_timeout_s, what="environment")
             self._make = functools.partial(EpisodeRunner, spec=scoring.env, turns=Turns.from_config(cfg, scoring.env),

@@ -1,20 +1,32 @@
 """Tool calls read out of a reply's text in the model family's own format: a view of the reply, nothing more.
 
-    fmt = format_of(tokenizer.chat_template)         # "hermes" when the template writes <tool_call>
-    view = read_tool_calls(fmt, text)                # ToolView(content, calls, malformed)
+    fmt = resolve(ToolCallFormat.AUTO, tokenizer.chat_template)  # "hermes" when the template writes <tool_call>
+    view = read_tool_calls(fmt, text)                             # ToolView(content, calls, malformed)
 
 The model writes its calls as text in the format its chat template taught it; the server
 returns them as the protocol's `tool_calls` (finish_reason "tool_calls") and keeps the tokens
 exactly as they were generated (nothing is re-tokenised: this module only reads the decoded
-text). Formats, keyed by a marker their templates contain:
+text). Formats (names in config/choices.py, ToolCallFormat), each found by a marker its
+templates contain, tried in this order:
 
-- hermes (Qwen2.5, Qwen3, SmolLM2 and others): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
-  one block per call, any text around them is the message's content.
+- hermes (Qwen2.5, Qwen3, SmolLM2 and others), marker `<tool_call>`:
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call; any text
+  around them is the message's content.
+- mistral (Mistral 7B v0.3, Nemo, Small), marker `[TOOL_CALLS]`: `[TOOL_CALLS] [{"name": ...,
+  "arguments": {...}, "id": ...}, ...]`. Its templates refuse a call id that is not 9
+  characters, so the ids given out are 9 alphanumerics (the model's own when it wrote one).
+  `[TOOL_CALLS]` is a special token the reply's decoding drops, so a reply that is nothing
+  but a JSON list of call objects is read as the calls too. The newer `[TOOL_CALLS]name[ARGS]{...}`
+  form is not read (its two markers decode away: text).
+- llama3 (Llama 3.1, 3.2 with custom tools), marker `"parameters": `: the whole reply is one
+  call `{"name": ..., "parameters": {...}}` (or several joined by `;`), perhaps after
+  `<|python_tag|>`. A reply with any other text is text; so is the code Llama writes after
+  `<|python_tag|>` for its built-in tools (`brave_search.call(...)`), which is no JSON call.
 
 A reply whose call text is malformed (not JSON, no name, arguments not an object) is returned
-as plain text with `malformed` set, never as an error: the model wrote it, the client reads it.
-`tool_choice` (protocol.py): "auto" reads calls, "none" returns text as written; "required"
-and a named tool are refused, since nothing makes the model write a call.
+as plain text with `malformed` set, never as an error: the model wrote it, the client reads it,
+and the trainer counts it (episode/tool_calls_malformed_mean). A reply that is JSON but no call
+(an object without "name") is plain text, not malformed.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from a3po.config.choices import AUTO, ToolCallFormat
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,27 @@ class ToolView:
     malformed: bool = False  # call text was there but could not be read: content is the whole reply
 
 
+def _long_id(given) -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _mistral_id(given) -> str:
+    return given if isinstance(given, str) and _MISTRAL_ID.fullmatch(given) else uuid.uuid4().hex[:9]
+
+
+def _call(obj, args_keys: tuple[str, ...], id_of: Callable[[object], str]) -> ToolCall | None:
+    """One call object as the model wrote it, or None when it is not one (no name, arguments not an object)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = next((obj[k] for k in args_keys if k in obj), {})
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(id_of(obj.get("id")), obj["name"], json.dumps(args))
+
+
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
@@ -53,28 +88,94 @@ def _hermes(text: str) -> ToolView:
     calls = []
     for b in blocks:
         try:
-            call = json.loads(b[1])
+            call = _call(json.loads(b[1]), ("arguments",), _long_id)
         except json.JSONDecodeError:
+            call = None
+        if call is None:
             return ToolView(text, malformed=True)
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"] \
-                or not isinstance(call.get("arguments", {}), dict):
-            return ToolView(text, malformed=True)
-        calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", call["name"], json.dumps(call.get("arguments", {}))))
-    content = _HERMES.sub("", text).strip()
-    return ToolView(content, tuple(calls))
+        calls.append(call)
+    return ToolView(_HERMES.sub("", text).strip(), tuple(calls))
 
 
-FORMATS: dict[str, tuple[str, Callable[[str], ToolView]]] = {  # name -> (marker in the template, reader)
-    "hermes": ("<tool_call>", _hermes),
+_TOOL_CALLS = "[TOOL_CALLS]"
+
+
+def _mistral(text: str) -> ToolView:
+    at = text.find(_TOOL_CALLS)
+    if at >= 0:
+        before, body = text[:at].strip(), text[at + len(_TOOL_CALLS):].strip()
+    elif text.strip().startswith("[{"):  # the marker decoded away: a list of calls, or a JSON answer
+        before, body = "", text.strip()
+    else:
+        return ToolView(text)
+    marked = at >= 0
+    try:
+        value, end = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError:
+        return ToolView(text, malformed=marked or '"name"' in body)
+    calls = [_call(o, ("arguments",), _mistral_id) for o in (value if isinstance(value, list) else [value])]
+    if not calls or None in calls:
+        return ToolView(text, malformed=marked)
+    return ToolView(" ".join(s for s in (before, body[end:].strip()) if s), tuple(calls))
+
+
+_PYTHON_TAG = "<|python_tag|>"
+_SEPARATOR = re.compile(r"\s*;\s*")
+
+
+def _llama3(text: str) -> ToolView:
+    body = text.strip().removeprefix(_PYTHON_TAG).strip()
+    if not body.startswith("{"):
+        return ToolView(text)  # prose, or built-in tool code after <|python_tag|>
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    try:
+        while True:
+            value, at = decoder.raw_decode(body, at)
+            objects.append(value)
+            if at == len(body):
+                break
+            sep = _SEPARATOR.match(body, at)
+            if sep is None:
+                raise ValueError("text after the call")
+            at = sep.end()
+            if at == len(body):
+                break
+    except ValueError:  # JSONDecodeError included
+        return ToolView(text, malformed='"name"' in body)
+    if not all(isinstance(o, dict) and "name" in o for o in objects):
+        return ToolView(text)  # an answer in JSON, not a call
+    calls = [_call(o, ("parameters", "arguments"), _long_id) for o in objects]
+    if None in calls:
+        return ToolView(text, malformed=True)
+    return ToolView("", tuple(calls))
+
+
+@dataclass(frozen=True)
+class Format:
+    marker: str  # a string the family's chat templates contain, and no other family's before it in FORMATS
+    read: Callable[[str], ToolView]
+
+
+FORMATS: dict[str, Format] = {  # ToolCallFormat.READ, in its order
+    ToolCallFormat.HERMES: Format("<tool_call>", _hermes),
+    ToolCallFormat.MISTRAL: Format(_TOOL_CALLS, _mistral),
+    ToolCallFormat.LLAMA3: Format('"parameters": ', _llama3),
 }
 
 
 def format_of(template: str | None) -> str | None:
     """The tool-call format a chat template writes, or None if it shows no known one."""
-    return next((name for name, (marker, _) in FORMATS.items() if template and marker in template), None)
+    return next((name for name, f in FORMATS.items() if template and f.marker in template), None)
+
+
+def resolve(choice: str, template: str | None) -> str | None:
+    """The format to read: `choice` (a ToolCallFormat choice) with auto found from the template, none as None."""
+    if choice == AUTO:
+        return format_of(template)
+    return None if choice == ToolCallFormat.NONE else choice
 
 
 def read_tool_calls(fmt: str | None, text: str) -> ToolView:
     if fmt is None:
         return ToolView(text)
-    return FORMATS[fmt][1](text)
+    return FORMATS[fmt].read(text)
