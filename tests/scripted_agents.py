@@ -109,6 +109,16 @@ async def calls_a_tool(example, client):
     return float(call.function.name == "add" and json.loads(call.function.arguments) == {})
 
 
+async def cuts_its_call(example, client):
+    """Asks for a reply too short to close the call the model starts: 1 if it came back as text, not an error."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    a = await client.chat.completions.create(model="policy", tools=tools, max_tokens=example.meta["max_tokens"],
+                                             messages=[{"role": "user", "content": example.question}])
+    said = a.choices[0]
+    return float(said.finish_reason == "length" and not said.message.tool_calls
+                 and said.message.content.startswith("<tool_call>"))
+
+
 async def wrong_url(example, client):
     status, reason = await asyncio.to_thread(_post, str(client.base_url).replace("/v1", "x/v1") + "chat/completions",
                                              b'{"messages": [{"role": "user", "content": "x"}]}')

@@ -19,6 +19,7 @@ import torch
 from a3po.agents.host import AgentProcess
 from a3po.data import Example
 from a3po.data.rewards import Imported
+from a3po.pipeline.loop import episode_stats
 from a3po.rollout.agents import AgentRunner, prompt_threads
 from a3po.rollout.chat import ChatQueue
 from a3po.rollout.episodes import Turns
@@ -343,10 +344,18 @@ def test_a_tool_call_comes_back_as_tool_calls_and_its_echo_continues_the_row(tin
         generated = []
         h.runner.start(("g", 1), Example(QUESTION, "7", 1, {"agent": "calls_a_tool"}), seed=1, greedy=True)
         ep = h.run(lambda c: generated.append(c.output_ids))[1]
+        cut = len(tok.encode('<tool_call>{"name', add_special_tokens=False))  # the call opened, never closed
+        h.runner.start(("g", 2), Example(QUESTION, "7", 2, {"agent": "cuts_its_call", "max_tokens": cut}), seed=2,
+                       greedy=True)
+        short = h.run()[2]
     finally:
         h.close()
     assert tok.decode(generated[0], skip_special_tokens=True) == CALL  # the taught answer, as tokens
     assert ep.failure is None and ep.reward == 1.0 and ep.calls == 2, (ep.failure, ep.reward)
+    assert (h.rows(ep)[0].episode.tool_calls, h.rows(ep)[0].episode.malformed_tool_calls) == (1, 0)
+    assert short.failure is None and short.reward == 1.0  # the malformed call came back as text ...
+    assert h.rows(short)[0].episode.malformed_tool_calls == 1  # ... and is counted
+    assert episode_stats(h.rows(ep) + h.rows(short))["episode/tool_calls_malformed_mean"] == 0.5
     [t] = h.rows(ep)  # the echo of the call continued the row
     assert [i for i, m in zip(t.output_ids, t.output_mask) if m] == generated[0] + generated[1]
     sent = [i for i, m in zip(t.output_ids, t.output_mask) if not m]  # the call is not rendered again from tool_calls

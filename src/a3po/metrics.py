@@ -41,6 +41,7 @@ EVAL_STEPS = "evaluation steps: step 0 (not on --resume), then every evaluator.f
 NO_D0 = "steps whose first minibatch has tokens of staleness 0 (always step 1)"
 METRICS_MODE = "actor.prox_logp_method=metrics"
 ENV = "train_dataset.env"
+EPISODES = f"{ENV} or train_dataset.agent"
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ NAMESPACES = {
     "prox_err": "proximal approximations against the recomputed truth (prox_logp_method=metrics)",
     "train": "the optimizer",
     "rollout": "the step's samples and the rollout workers",
-    "episode": "multi-turn episodes (train_dataset.env), means over the step's episodes",
+    "episode": "multi-turn episodes (train_dataset.env or agent), means over the step's episodes",
     "eval": "held-out greedy evaluation",
     "sync": "what weight sync publishes per version",
     "perf": "where the step's time went",
@@ -165,8 +166,11 @@ REGISTRY: tuple[Metric, ...] = (
        "share of worker i's time since the previous step with nothing to generate; one key per worker"),
     # episode/
     _m("episode/turns_mean", "turns", LOOP, "model turns per episode", ENV),
-    _m("episode/tool_calls_mean", "calls", LOOP, "tool calls per episode (turns whose step set tool_call)", ENV),
+    _m("episode/tool_calls_mean", "calls", LOOP, "tool calls per episode (env: turns whose step set tool_call; "
+       "agent: calls read from its replies into tool_calls)", EPISODES),
     _m("episode/tool_errors_mean", "calls", LOOP, "bad tool calls per episode (tool_error)", ENV),
+    _m("episode/tool_calls_malformed_mean", "replies", LOOP, "an agent's replies per episode whose tool-call text "
+       "could not be read (not JSON, no name, arguments not an object), returned to it as text; 0 with env", EPISODES),
     _m("episode/success_frac", "fraction", LOOP, "share of episodes whose undiscounted reward reached 1", ENV),
     _m("episode/observation_token_frac", "fraction", LOOP,
        "observation tokens / all tokens after the prompts (observations and model turns)", ENV),

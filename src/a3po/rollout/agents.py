@@ -135,6 +135,8 @@ class AgentEpisode:
     route: str
     rows: list[Row] = field(default_factory=list)
     calls: int = 0  # requests submitted to the engine
+    tool_calls: int = 0  # calls read from its replies
+    malformed_tool_calls: int = 0  # replies whose call text could not be read (returned to the agent as text)
     preparing: int = 0  # requests on a prompt thread
     in_flight: int = 0  # requests the agent is waiting for (preparing or generating)
     agent_s: float = 0.0  # time with no call of its in flight: the agent's own work (its "environment" time)
@@ -147,8 +149,9 @@ class AgentEpisode:
 
     def trajectories(self, tokenizer, system_prompt: str | None) -> list[Trajectory]:
         rows = [r for r in self.rows if any(r.mask)]
-        info = EpisodeInfo(turns=self.calls, success=self.reward >= 1.0 - 1e-6, env_s=self.agent_s,
-                           wall_s=self.ended_at - self.started_at)
+        info = EpisodeInfo(turns=self.calls, tool_calls=self.tool_calls, success=self.reward >= 1.0 - 1e-6,
+                           env_s=self.agent_s, wall_s=self.ended_at - self.started_at,
+                           malformed_tool_calls=self.malformed_tool_calls)
         if not rows:  # no model token to train: the question stands in, so the group keeps its sample
             rows = [Row(encode_prompt(tokenizer, self.example, system_prompt), [], [], [])]
         return [r.trajectory(self.reward, self.finish_reason, i, info if i == 0 else None) for i, r in enumerate(rows)]
@@ -228,6 +231,8 @@ class AgentRunner:
         row.add(c.output_ids, c.output_logprobs, c.output_versions, generated=True)
         reply = reply_of(c, self.tok, call.pending.request, (*self.turns.stop, *call.pending.request.stop),
                          self.tool_format)
+        ep.tool_calls += len(reply.tool_calls)
+        ep.malformed_tool_calls += reply.malformed_tool_call
         ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
         said = {"role": "assistant", "content": reply.text}  # as the agent sends it back (protocol._messages)
         if reply.tool_calls:

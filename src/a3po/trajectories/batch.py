@@ -22,11 +22,12 @@ class EpisodeInfo:
     """What a multi-turn episode did, for its metrics."""
 
     turns: int = 0
-    tool_calls: int = 0
+    tool_calls: int = 0  # environment: turns whose step was a tool call; agent: calls read from its replies
     tool_errors: int = 0
     success: bool = False  # its undiscounted reward reached 1
     env_s: float = 0.0  # time its environment calls took, waiting included ...
     wall_s: float = 0.0  # ... of its whole life in the worker
+    malformed_tool_calls: int = 0  # an agent's replies whose tool-call text could not be read
 
 
 @dataclass
