@@ -150,6 +150,7 @@ SCORER = ["reward_service.kind=scorer", "reward_service.url=http://127.0.0.1:1"]
     (["train_dataset.agent_timeout_s=9"], "train_dataset.agent_timeout_s", "train_dataset.agent"),
     (["train_dataset.env=retry", "train_dataset.agent_timeout_s=9"], "train_dataset.agent_timeout_s",
      "train_dataset.agent"),
+    (["train_dataset.tool_call_format=llama3"], "train_dataset.tool_call_format", "train_dataset.agent"),
     (["actor.kl_estimator=k1"], "actor.kl_estimator", "actor.kl_ctl"),
     (["actor.sapo_tau_neg=2"], "actor.sapo_tau_neg", "actor.policy_loss=sapo"),
     (["actor.policy_loss=cispo", "actor.c_clip=5"], "actor.c_clip", "actor.policy_loss=ppo"),
@@ -178,7 +179,8 @@ def test_a_key_the_chosen_settings_never_read_is_refused_naming_both(overrides, 
     ["train_dataset.task=file", "train_dataset.path=x.jsonl", "train_dataset.question_key=problem",
      "train_dataset.system_prompt=Be brief."],
     ["train_dataset.env=retry", "train_dataset.max_turns=3", "train_dataset.turn_discount=0.5"],
-    ["train_dataset.agent=a:run", "train_dataset.max_turns=3", "train_dataset.agent_timeout_s=9"],
+    ["train_dataset.agent=a:run", "train_dataset.max_turns=3", "train_dataset.agent_timeout_s=9",
+     "train_dataset.tool_call_format=mistral"],
     ["actor.kl_ctl=0.1", "actor.kl_estimator=k1"],
     ["actor.policy_loss=sapo", "actor.sapo_tau_pos=0.5"],
     ["actor.correction.ratio=current", "actor.correction.mis=geometric", "actor.correction.mis_low=0.99",
@@ -297,6 +299,7 @@ def test_variant_names_come_from_one_list_each_read_without_torch():
         "rollout.backend": choices.Backend.CHOICES, "rollout.forward": choices.Forward.CHOICES,
         "rollout.weight_update": choices.WeightUpdate.CHOICES, "cluster.launcher": choices.Launcher.CHOICES,
         "cluster.data_parallel": choices.DpMode.CHOICES,
+        "train_dataset.tool_call_format": choices.ToolCallFormat.CHOICES,
     }
     for key, names in settings.items():
         assert tuple(keys[key].metadata["choices"]) == names and default_of(keys[key]) in names, key
