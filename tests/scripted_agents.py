@@ -19,6 +19,42 @@ async def two_turns(example, client):
     return 0.25 + 0.5 * (b.choices[0].finish_reason == "length")
 
 
+async def two_turns_streamed(example, client):
+    """two_turns, its replies streamed (with the usage chunk) and put together from the chunks."""
+    async def ask(messages):
+        text, finish = "", None
+        async for chunk in await client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
+                                                                stream=True, stream_options={"include_usage": True}):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+        return text, finish
+    first = [{"role": "user", "content": example.question}]
+    text, _ = await ask(first)
+    _, finish = await ask([*first, {"role": "assistant", "content": text}, {"role": "user", "content": FOLLOW_UP}])
+    return 0.25 + 0.5 * (finish == "length")
+
+
+async def three_choices_then_continue(example, client):
+    """n=3 samples of one question, then the second one continued."""
+    first = [{"role": "user", "content": example.question}]
+    a = await client.chat.completions.create(model="policy", messages=first, max_tokens=5, n=3)
+    said = {"role": "assistant", "content": a.choices[1].message.content}
+    await client.chat.completions.create(model="policy", messages=[*first, said, {"role": "user", "content": "ok"}],
+                                         max_tokens=5)
+    return float([c.index for c in a.choices] == [0, 1, 2])
+
+
+async def completes(example, client):
+    """Prompts it renders itself: token ids (from the example), then that prompt's text with the reply and more
+    (continues the row), then a text that does not start with it (a new row)."""
+    ids, text = example.meta["ids"], example.meta["text"]
+    a = await client.completions.create(model="policy", prompt=ids, max_tokens=4)
+    await client.completions.create(model="policy", prompt=text + a.choices[0].text + " Next:", max_tokens=4)
+    await client.completions.create(model="policy", prompt="Other: " + text, max_tokens=4)
+    return 1.0
+
+
 async def retry_then_continue(example, client):
     """Two answers to the same question (a branch), then the first one continued."""
     first = [{"role": "user", "content": example.question}]

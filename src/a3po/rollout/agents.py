@@ -111,7 +111,7 @@ class _Call:
     pending: Pending
     row: int
     key: tuple  # the request's conversation, without the reply
-    text: str | None = None  # a completions request's prompt text
+    text: str | None = None  # a completions request's prompt as text (ids decoded)
 
 
 @dataclass
@@ -334,7 +334,8 @@ class AgentRunner:
         row.busy = True
         ep.calls += 1
         rid = ("agent", job.eid, ep.calls)
-        self.calls[rid] = _Call(p, i, job.key, r.prompt if isinstance(r.prompt, str) else None)
+        text = self.tok.decode(list(r.prompt)) if isinstance(r.prompt, tuple) else r.prompt  # a text continues it
+        self.calls[rid] = _Call(p, i, job.key, text)
         self.engine.submit(GenerationRequest(
             ids, min(r.max_tokens or t.max_new_tokens, t.max_new_tokens, t.max_context - len(ids)), rid=rid,
             temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, greedy=ep.greedy,
