@@ -25,6 +25,12 @@ made), so a long request never holds up the engine or the other episodes' replie
 are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
 message carrying them, sent back, matches the reply it came from, and the template's delta is
 taken around the text the model generated (its call text included), never re-rendered calls.
+A request for `n` choices arrives as n requests in flight at once (rollout/chat.py), so each
+choice is a branch row. A completions request (a prompt the agent rendered) continues the row
+whose earlier completion prompt and reply it starts with: as ids, the row's ids themselves
+(matched on the loop: a comparison, no tokenising); as text, that prompt's text and the reply's
+decoded text, the rest tokenised on a prompt thread. Streaming is the server's concern
+(serving/http.py): it never reaches this module, so what trains cannot depend on it.
 
 An episode is recorded as rows: a conversation that only grows is one row; a request that
 branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
@@ -268,8 +274,14 @@ class AgentRunner:
         if ep is None:
             raise NotFound(_GONE)
         t = self.turns
+        if p.refused is not None:
+            raise p.refused
         if ep.calls + ep.preparing >= t.max_turns:
             raise BadRequest(f"this episode has made its {t.max_turns} model calls (train_dataset.max_turns)")
+        left = t.max_turns - ep.calls - ep.preparing
+        if p.choice == 0 and p.request.n > left:  # the first choice checks for all: none is generated unserved
+            raise BadRequest(f"n={p.request.n} choices are {p.request.n} model calls, and this episode has {left} of "
+                             f"its {t.max_turns} left (train_dataset.max_turns); ask for fewer")
         marks = [(i, j, mark) for i, row in enumerate(ep.rows) for j, mark in enumerate(row.marks)]
         job = _Prompt(p, eid, marks)
         if isinstance(p.request.prompt, tuple):  # token ids: matched here, against the rows as they are now

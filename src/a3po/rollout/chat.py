@@ -28,6 +28,13 @@ class Pending:
     route: str | None
     request: ChatRequest
     prompt_ids: list[int] | None = None  # made on the request thread where they do not depend on the loop's state
+    choice: int = 0  # which of the request's n choices this is
+    first: Pending | None = None  # choice 0, for the others: taken before them, refused for all of them
+
+    @property
+    def refused(self) -> Exception | None:
+        """Why choice 0 of this request was refused, if it was: then so is this choice."""
+        return self.first._error if self.first is not None else None
     _done: threading.Event = field(default_factory=threading.Event)
     _reply: ChatReply | None = None
     _error: Exception | None = None
@@ -55,7 +62,9 @@ class ChatQueue:
             raise Unavailable("the server is stopping")
         seeded = [request if request.seed is None else dataclasses.replace(request, seed=request.seed + i)
                   for i in range(request.n)]
-        pendings = [Pending(route, r, prompt_ids) for r in seeded]
+        pendings = [Pending(route, r, prompt_ids, choice=i) for i, r in enumerate(seeded)]
+        for p in pendings[1:]:
+            p.first = pendings[0]
         for p in pendings:
             self._inbox.put(p)
         deadline = time.monotonic() + self.reply_timeout_s
