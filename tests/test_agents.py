@@ -126,8 +126,11 @@ def test_two_calls_train_as_one_row_with_masks_log_probs_and_versions_per_token(
         assert torch.allclose(got, expected[at], atol=1e-4), (version, got, expected[at])
 
 
-def test_a_streamed_episode_records_the_rows_the_same_episode_unstreamed_does(harness):
-    """Streaming is only how the reply travels: the same seed, streamed or not, trains the same tokens."""
+def test_streams_n_choices_and_completions_on_an_episodes_url_train_what_was_generated(harness):
+    """One harness, three runs. Streaming is only how a reply travels: the same seed, streamed or not, trains the
+    same tokens. n=3 choices are three branch rows of one question, the continued one extended. /v1/completions:
+    a prompt of token ids, then a text that starts with that prompt's text and the reply, continue one row (its
+    tokens the ones generated, the added text masked); a text that does not start with it is a new row."""
     h = harness()
     h.start("two_turns", seed=5)
     plain = h.run()[1]
@@ -138,33 +141,23 @@ def test_a_streamed_episode_records_the_rows_the_same_episode_unstreamed_does(ha
     assert (a.prompt_ids, a.output_ids, a.output_mask, a.output_logprobs) == \
            (b.prompt_ids, b.output_ids, b.output_mask, b.output_logprobs)
 
-
-def test_n_choices_are_branch_rows_and_a_continued_choice_extends_its_own(harness):
-    h = harness()
-    served = []
-    h.start("three_choices_then_continue")
-    ep = h.run(lambda c: served.append(c.output_ids))[1]
-    rows = h.rows(ep)
-    assert ep.failure is None and ep.reward == 1.0 and ep.calls == 4 and len(rows) == 3
-    assert len({tuple(r.prompt_ids) for r in rows}) == 1  # each choice a row of the same question
-    assert sum(r.n_generated for r in rows) == sum(map(len, served))  # every generated token in exactly one row
-    assert sorted(r.output_mask.count(False) > 0 for r in rows) == [False, False, True]  # one choice continued
-
-
-def test_completions_prompts_continue_the_row_they_extend(harness):
-    """/v1/completions on an episode's URL: a prompt of token ids, then a text that starts with that prompt's text
-    and the reply, continue one row (its tokens the ones generated, the added text masked); a text that does not
-    start with it is a new row."""
-    h = harness()
     text = "Question: 3 + 4 ="
     ids = h.tok.encode(text, add_special_tokens=False)
-    served = []
+    served = {3: [], 4: []}
+    h.start("three_choices_then_continue")
     h.start("completes", ids=ids, text=text)
-    ep = h.run(lambda c: served.append(c.output_ids))[1]
-    assert ep.failure is None and ep.calls == 3, ep.failure
-    first, other = h.rows(ep)
+    ended = h.run(lambda c: served[c.rid[1][1]].append(c.output_ids))
+    choices, completes = ended[3], ended[4]
+    rows = h.rows(choices)
+    assert choices.failure is None and choices.reward == 1.0 and choices.calls == 4 and len(rows) == 3
+    assert len({tuple(r.prompt_ids) for r in rows}) == 1  # each choice a row of the same question
+    assert sum(r.n_generated for r in rows) == sum(map(len, served[3]))  # every generated token in exactly one row
+    assert sorted(r.output_mask.count(False) > 0 for r in rows) == [False, False, True]  # one choice continued
+
+    assert completes.failure is None and completes.calls == 3, completes.failure
+    first, other = h.rows(completes)
     assert first.prompt_ids == ids and [i for i, m in zip(first.output_ids, first.output_mask) if m] == \
-        served[0] + served[1]
+        served[4][0] + served[4][1]
     assert h.tok.decode([i for i, m in zip(first.output_ids, first.output_mask) if not m]) == " Next:"
     assert other.prompt_ids == h.tok.encode("Other: " + text, add_special_tokens=False)
 
