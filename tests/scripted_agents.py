@@ -7,6 +7,8 @@ import time
 import urllib.error
 import urllib.request
 
+import openai
+
 FOLLOW_UP = "Now check it: what is the final number?"
 
 
@@ -17,6 +19,48 @@ async def two_turns(example, client):
     b = await client.chat.completions.create(model="policy", messages=[*first, said,
                                              {"role": "user", "content": FOLLOW_UP}], max_tokens=6)
     return 0.25 + 0.5 * (b.choices[0].finish_reason == "length")
+
+
+async def two_turns_streamed(example, client):
+    """two_turns, its replies streamed (with the usage chunk) and put together from the chunks."""
+    async def ask(messages):
+        text, finish = "", None
+        async for chunk in await client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
+                                                                stream=True, stream_options={"include_usage": True}):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+        return text, finish
+    first = [{"role": "user", "content": example.question}]
+    text, _ = await ask(first)
+    _, finish = await ask([*first, {"role": "assistant", "content": text}, {"role": "user", "content": FOLLOW_UP}])
+    return 0.25 + 0.5 * (finish == "length")
+
+
+async def three_choices_then_continue(example, client):
+    """n=3 samples of one question, n=2 more when one call of the episode's four is left (a 400: none of them is
+    generated), then the second sample continued."""
+    first = [{"role": "user", "content": example.question}]
+    a = await client.chat.completions.create(model="policy", messages=first, max_tokens=5, n=3)
+    try:
+        await client.chat.completions.create(model="policy", messages=first, max_tokens=5, n=2)
+        refused = False
+    except openai.BadRequestError as e:
+        refused = "n=2 choices" in str(e)
+    said = {"role": "assistant", "content": a.choices[1].message.content}
+    await client.chat.completions.create(model="policy", messages=[*first, said, {"role": "user", "content": "ok"}],
+                                         max_tokens=5)
+    return float([c.index for c in a.choices] == [0, 1, 2] and refused)
+
+
+async def completes(example, client):
+    """Prompts it renders itself: token ids (from the example), then that prompt's text with the reply and more
+    (continues the row), then a text that does not start with it (a new row)."""
+    ids, text = example.meta["ids"], example.meta["text"]
+    a = await client.completions.create(model="policy", prompt=ids, max_tokens=4)
+    await client.completions.create(model="policy", prompt=text + a.choices[0].text + " Next:", max_tokens=4)
+    await client.completions.create(model="policy", prompt="Other: " + text, max_tokens=4)
+    return 1.0
 
 
 async def retry_then_continue(example, client):
@@ -58,7 +102,7 @@ async def malformed(example, client):
     only if every bad one was a 400 with a reason and the endpoint still answered after them, within the run's
     budget (the test's max_new_tokens, 8) rather than refusing the larger max_tokens."""
     url = str(client.base_url).rstrip("/") + "/chat/completions"
-    bad = [b"{oops", b'{"messages": "hi"}', b'{"messages": [{"role": "user", "content": "x"}], "n": 2}',
+    bad = [b"{oops", b'{"messages": "hi"}', b'{"messages": [{"role": "user", "content": "x"}], "n": 17}',
            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}']
     answers = [await asyncio.to_thread(_post, url, body) for body in bad]
     ok = all(status == 400 and reason for status, reason in answers)

@@ -45,10 +45,10 @@ class Harness:
                                   self.server, chat, self.threads)
         self.n = 0
 
-    def start(self, agent: str, **example):
+    def start(self, agent: str, seed: int | None = None, **example):
         self.n += 1
-        ex = Example(example.get("question", QUESTION), "7", self.n, {"agent": agent})
-        self.runner.start(("g", self.n), ex, seed=self.n)
+        ex = Example(example.pop("question", QUESTION), "7", self.n, {"agent": agent, **example})
+        self.runner.start(("g", self.n), ex, seed=self.n if seed is None else seed)
 
     def run(self, on_finished=None, timeout=120.0) -> dict:
         ended, deadline = {}, time.monotonic() + timeout
@@ -125,6 +125,61 @@ def test_two_calls_train_as_one_row_with_masks_log_probs_and_versions_per_token(
         at = [i for i in range(len(mask)) if mask[i] and versions[i] == version]
         got = torch.tensor([t.output_logprobs[i] for i in at])
         assert torch.allclose(got, expected[at], atol=1e-4), (version, got, expected[at])
+
+
+def test_streams_n_choices_and_completions_on_an_episodes_url_train_what_was_generated(harness):
+    """One harness, three runs. Streaming is only how a reply travels: the same seed, streamed or not, trains the
+    same tokens. n=3 choices are three branch rows of one question, the continued one extended. /v1/completions:
+    a prompt of token ids, then a text that starts with that prompt's text and the reply, continue one row (its
+    tokens the ones generated, the added text masked); a text that does not start with it is a new row."""
+    h = harness()
+    h.start("two_turns", seed=5)
+    plain = h.run()[1]
+    h.start("two_turns_streamed", seed=5)
+    streamed = h.run()[2]
+    assert streamed.failure is None and streamed.reward == plain.reward and streamed.calls == 2
+    [a], [b] = h.rows(plain), h.rows(streamed)
+    assert (a.prompt_ids, a.output_ids, a.output_mask, a.output_logprobs) == \
+           (b.prompt_ids, b.output_ids, b.output_mask, b.output_logprobs)
+
+    text = "Question: 3 + 4 ="
+    ids = h.tok.encode(text, add_special_tokens=False)
+    served = {3: [], 4: []}
+    h.start("three_choices_then_continue")
+    h.start("completes", ids=ids, text=text)
+    ended = h.run(lambda c: served[c.rid[1][1]].append(c.output_ids))
+    choices, completes = ended[3], ended[4]
+    rows = h.rows(choices)
+    assert choices.failure is None and choices.reward == 1.0 and choices.calls == 4 and len(rows) == 3
+    assert len({tuple(r.prompt_ids) for r in rows}) == 1  # each choice a row of the same question
+    assert sum(r.n_generated for r in rows) == sum(map(len, served[3]))  # every generated token in exactly one row
+    assert sorted(r.output_mask.count(False) > 0 for r in rows) == [False, False, True]  # one choice continued
+
+    assert completes.failure is None and completes.calls == 3, completes.failure
+    first, other = h.rows(completes)
+    assert first.prompt_ids == ids and [i for i, m in zip(first.output_ids, first.output_mask) if m] == \
+        served[4][0] + served[4][1]
+    assert h.tok.decode([i for i, m in zip(first.output_ids, first.output_mask) if not m]) == " Next:"
+    assert other.prompt_ids == h.tok.encode("Other: " + text, add_special_tokens=False)
+
+
+def test_a_stream_of_a_tool_call_puts_together_as_the_openai_client_reads_it():
+    """The chunks of a reply with text and two calls, read with the openai client's own chunk type: the role
+    first, the text, each call at its index, finish_reason tool_calls, then the usage."""
+    from openai.types.chat import ChatCompletionChunk
+
+    from a3po.serving.protocol import ChatReply, stream_chunks
+    from a3po.serving.toolcalls import ToolCall
+
+    calls = (ToolCall("call_1", "add", '{"a": 1}'), ToolCall("call_2", "mul", "{}"))
+    reply = ChatReply("Adding.", "stop", 7, 20, tool_calls=calls)
+    chunks = [ChatCompletionChunk.model_validate(c) for c in stream_chunks([reply], "tiny", False, True)]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant" and "".join(d.content or "" for d in deltas) == "Adding."
+    got = [(t.index, t.id, t.function.name, t.function.arguments) for d in deltas for t in d.tool_calls or []]
+    assert got == [(0, "call_1", "add", '{"a": 1}'), (1, "call_2", "mul", "{}")]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == 27
 
 
 def test_a_conversation_that_branches_becomes_rows_that_train_each_token_once(harness):
@@ -293,7 +348,7 @@ def test_tool_calls_are_read_from_the_reply_text_and_the_tokens_stay_as_generate
         c = Completion("r", [1], ids, [-0.1] * len(ids), [0] * len(ids), finish_reason="stop")
         got = reply_of(c, tok, request, (), fmt)
         assert c.output_ids == ids and got.completion_tokens == len(ids)
-        return got, chat_completion(got, "tiny")["choices"][0]
+        return got, chat_completion([got], "tiny")["choices"][0]
 
     got, choice = reply('Adding. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
                         '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>')

@@ -73,8 +73,9 @@ def test_concurrent_requests_are_all_answered(tiny_server):
     (b'{"messages": [{"role": "user", "content": 5}]}', "messages[0].content: a string"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', "max_tokens=-1"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature='hot'"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', "n=3"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "stream": true}', "stream=true"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 17}', "n=17"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream='yes'"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": true, "stream_options": 3}', "stream_options"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop="),
     (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', "top_logprobs=3 is not served"),
     (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
@@ -102,6 +103,63 @@ def test_the_developer_role_is_the_system_role_and_harmless_defaults_are_accepte
     assert as_system[0] == as_developer[0] == 200
     assert as_system[1]["usage"] == as_developer[1]["usage"]  # the same prompt tokens: rendered as system
     assert as_system[1]["choices"][0]["message"] == as_developer[1]["choices"][0]["message"]
+
+
+def test_streamed_replies_are_the_replies_as_chunks(tiny_server):
+    """stream=true through the openai client: the role first, the content, a finish reason, the usage chunk when
+    asked; greedy, the streamed text is the text of the same request unstreamed."""
+    client = openai.OpenAI(base_url=tiny_server, api_key="none", max_retries=0)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "2+3?"}], temperature=0, max_tokens=8)
+    whole = client.chat.completions.create(**ask)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finished == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1]) and len({c.id for c in chunks}) == 1
+    plain = list(client.chat.completions.create(**ask, stream=True))
+    assert all(c.choices for c in plain) and all(c.usage is None for c in plain)  # no usage chunk unasked
+
+
+def test_n_choices_are_sampled_each_on_its_own(tiny_server):
+    client = openai.OpenAI(base_url=tiny_server, api_key="none", max_retries=0)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "2+3?"}], max_tokens=8, n=4, seed=3)
+    got = client.chat.completions.create(**ask)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    assert len({c.message.content for c in got.choices}) > 1  # four samples of a random model differ
+    assert got.choices[2].message.content == client.chat.completions.create(**ask).choices[2].message.content
+    one = client.chat.completions.create(**dict(ask, n=1))
+    assert got.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+    assert got.usage.completion_tokens >= 4  # every choice's tokens
+    streamed = list(client.chat.completions.create(**ask, stream=True))
+    texts = ["".join(c.choices[0].delta.content or "" for c in streamed if c.choices[0].index == i) for i in range(4)]
+    assert texts == [c.message.content for c in got.choices]  # seeded: the same samples, streamed
+
+
+def test_completions_take_a_prompt_as_text_or_token_ids(tiny_server, _tiny):
+    """/v1/completions: a text prompt and the same prompt as its ids give the same greedy completion; n, logprobs,
+    streaming; what is not served (echo, best_of, several prompts, an id past the vocabulary) is a 400."""
+    client = openai.OpenAI(base_url=tiny_server, api_key="none", max_retries=0)
+    ask = dict(model="tiny", temperature=0, max_tokens=6)
+    text = client.completions.create(prompt="One, two, three,", **ask)
+    assert text.object == "text_completion" and text.choices[0].finish_reason in ("stop", "length")
+    assert 1 <= text.usage.completion_tokens <= 6
+    ids = _tiny[1].encode("One, two, three,", add_special_tokens=False)  # the served model's tokenizer
+    by_ids = client.completions.create(prompt=ids, **ask)
+    assert by_ids.choices[0].text == text.choices[0].text and by_ids.usage.prompt_tokens == len(ids)
+    sampled = client.completions.create(prompt="One,", model="tiny", max_tokens=4, n=3, seed=1, logprobs=1)
+    assert [c.index for c in sampled.choices] == [0, 1, 2]
+    assert all(len(c.logprobs.token_logprobs) == len(c.logprobs.tokens) >= 1 for c in sampled.choices)
+    chunks = list(client.completions.create(prompt="One, two, three,", stream=True, **ask))
+    assert "".join(c.choices[0].text for c in chunks) == text.choices[0].text
+    for body, why in ((b'{"prompt": "x", "echo": true}', "echo=true"), (b'{"prompt": "x", "best_of": 3}', "best_of=3"),
+                      (b'{"prompt": ["x", "y"]}', "one prompt a request"), (b'{"prompt": [99999999]}', "vocabulary"),
+                      (b'{"prompt": "x", "logprobs": 5}', "logprobs=5"), (b'{"messages": []}', "prompt:"),
+                      (b'{"prompt": [1, -2]}', "prompt:")):
+        status, data = post(tiny_server, "/v1/completions", body)
+        assert status == 400 and why in data["error"]["message"], (body, data)
 
 
 def test_unknown_paths_are_404s(tiny_server):

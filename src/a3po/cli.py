@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="a model as an OpenAI-compatible chat server on 127.0.0.1 (e.g. a judge)",
                         description="Serve a model (a built-in name, a model folder, a hub id, or a run's exported "
-                                    "model) at http://HOST:PORT/v1 with POST /v1/chat/completions and GET /v1/models. "
+                                    "model) at http://HOST:PORT/v1 with POST /v1/chat/completions, POST "
+                                    "/v1/completions and GET /v1/models. "
                                     "The first line printed names the URL once the model is loaded.")
     from a3po.config.choices import Backend, Dtype, ToolCallFormat
     from a3po.config.schema import ActorConfig

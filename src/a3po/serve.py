@@ -4,7 +4,10 @@
     # a3po serve: serving smollm2-135m-instruct at http://127.0.0.1:8011/v1 (local engine)
 
 It is the rollout engine (local or vLLM) behind the same server a rollout worker gives its
-agents (serving/http.py): POST /v1/chat/completions, GET /v1/models, no other path. Requests
+agents (serving/http.py): POST /v1/chat/completions, POST /v1/completions (a prompt the client
+rendered: text, tokenised as it is with no special tokens added, or token ids), GET /v1/models,
+no other path. `n` choices are sampled side by side; `stream` sends the finished reply as a
+short sequence of server-sent chunks (serving/protocol.py). Requests
 are batched continuously; temperature 0 decodes greedily; a request's `seed` fixes its sample;
 a `max_tokens` above --max-tokens is a 400 naming the limit. When the request offers tools and
 the model's chat template writes a known tool-call format (serving/toolcalls.py), calls in a
@@ -58,11 +61,13 @@ class EngineLoop:
         self._waiting: dict = {}
         self._n = 0
 
-    def answer(self, route: str | None, request: ChatRequest) -> ChatReply:
+    def answer(self, route: str | None, request: ChatRequest) -> list[ChatReply]:
         """Called on the server's request thread: the prompt's ids are made here, then the loop generates."""
         from a3po.rollout.prompts import encode_within
 
         check_max_tokens(request, self.max_tokens, "a3po serve --max-tokens")
+        if request.is_text:
+            return self.chat.ask(route, request, self._prompt_ids(request.prompt))
         try:
             text = self.tok.apply_chat_template(request.messages, tools=request.tools, add_generation_prompt=True,
                                                 tokenize=False)
@@ -73,6 +78,22 @@ class EngineLoop:
             raise BadRequest(f"the messages do not fit this model's context of {self.max_context} tokens "
                              "with room for a reply; send a shorter conversation")
         return self.chat.ask(route, request, ids)
+
+    def _prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
+        """A completions prompt's ids: the text tokenised as it is, or the ids checked against the vocabulary."""
+        from a3po.rollout.prompts import encode_within
+
+        if isinstance(prompt, str):
+            ids = encode_within(self.tok, prompt, self.max_context, self.per_token)
+        else:
+            vocab = len(self.tok)
+            if max(prompt) >= vocab:
+                raise BadRequest(f"prompt: token id {max(prompt)} is not in this model's vocabulary of {vocab}")
+            ids = list(prompt) if len(prompt) < self.max_context else None
+        if ids is None:
+            raise BadRequest(f"the prompt does not fit this model's context of {self.max_context} tokens "
+                             "with room for a reply; send a shorter prompt")
+        return ids
 
     def step(self) -> None:
         from a3po.rollout.chat import reply_of

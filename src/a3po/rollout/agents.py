@@ -25,6 +25,12 @@ made), so a long request never holds up the engine or the other episodes' replie
 are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
 message carrying them, sent back, matches the reply it came from, and the template's delta is
 taken around the text the model generated (its call text included), never re-rendered calls.
+A request for `n` choices arrives as n requests in flight at once (rollout/chat.py), so each
+choice is a branch row. A completions request (a prompt the agent rendered) continues the row
+whose earlier completion prompt and reply it starts with: as ids, the row's ids themselves
+(matched on the loop: a comparison, no tokenising); as text, that prompt's text and the reply's
+decoded text, the rest tokenised on a prompt thread. Streaming is the server's concern
+(serving/http.py): it never reaches this module, so what trains cannot depend on it.
 
 An episode is recorded as rows: a conversation that only grows is one row; a request that
 branches (a retry from an earlier point, a sub-call with other messages, two calls in flight
@@ -65,6 +71,7 @@ PROMPT_THREADS = 4  # render and tokenise requests beside the loop; more only qu
 def prompt_threads() -> ThreadPoolExecutor:
     """The pool an AgentRunner renders and tokenises its requests in; its owner shuts it down."""
     return ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="a3po-agent-prompt")
+_TEXT = (None,)  # the key of a completions request: no chat conversation continues it
 _GONE = "no running episode at this URL: an agent talks to the base URL its client was given, while its episode runs"
 
 
@@ -81,6 +88,7 @@ class Mark:
     key: tuple
     n_ids: int
     ended_by_eos: bool
+    text: str | None = None  # a completions request's prompt text and the reply's decoded tokens (None for chat)
 
 
 @dataclass
@@ -110,6 +118,7 @@ class _Call:
     pending: Pending
     row: int
     key: tuple  # the request's conversation, without the reply
+    text: str | None = None  # a completions request's prompt as text (ids decoded)
 
 
 @dataclass
@@ -234,10 +243,14 @@ class AgentRunner:
         ep.tool_calls += len(reply.tool_calls)
         ep.malformed_tool_calls += reply.malformed_tool_call
         ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.tok.eos_token_id
-        said = {"role": "assistant", "content": reply.text}  # as the agent sends it back (protocol._messages)
-        if reply.tool_calls:
-            said["tool_calls"] = [t.as_message_field() for t in reply.tool_calls]
-        row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))
+        if call.pending.request.is_text:  # continued by a prompt that starts with these ids, or with this text
+            text = None if call.text is None else call.text + self.tok.decode(c.output_ids, skip_special_tokens=True)
+            row.marks.append(Mark(_TEXT, len(row.ids), ended_by_eos, text))
+        else:
+            said = {"role": "assistant", "content": reply.text}  # as the agent sends it back (protocol._messages)
+            if reply.tool_calls:
+                said["tool_calls"] = [t.as_message_field() for t in reply.tool_calls]
+            row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))
         call.pending.reply(reply)
 
     def poll(self, block_s: float = 0.0) -> list[AgentEpisode]:
@@ -268,21 +281,38 @@ class AgentRunner:
         if ep is None:
             raise NotFound(_GONE)
         t = self.turns
+        if p.refused is not None:
+            raise p.refused
         if ep.calls + ep.preparing >= t.max_turns:
             raise BadRequest(f"this episode has made its {t.max_turns} model calls (train_dataset.max_turns)")
+        left = t.max_turns - ep.calls - ep.preparing
+        if p.choice == 0 and p.request.n > left:  # the first choice checks for all: none is generated unserved
+            raise BadRequest(f"n={p.request.n} choices are {p.request.n} model calls, and this episode has {left} of "
+                             f"its {t.max_turns} left (train_dataset.max_turns); ask for fewer")
         marks = [(i, j, mark) for i, row in enumerate(ep.rows) for j, mark in enumerate(row.marks)]
+        job = _Prompt(p, eid, marks)
+        if isinstance(p.request.prompt, tuple):  # token ids: matched here, against the rows as they are now
+            job.key = _TEXT
+            job.row, job.mark, job.ids = self._id_prompt(ep, marks, p.request.prompt)
         if not ep.in_flight:
             ep.agent_s += time.perf_counter() - ep.waiting_since
         ep.in_flight += 1
         ep.preparing += 1
-        self._threads.submit(self._make, _Prompt(p, eid, marks))
+        if isinstance(p.request.prompt, tuple):
+            self._made.put(job)
+        else:
+            self._threads.submit(self._make, job)
 
     def _make(self, job: _Prompt) -> None:
         """On a prompt thread: the request's key and prompt ids, from the marks the loop gave (they never change)."""
         try:
             r = job.pending.request
-            job.key = _key(r.messages, r.tools)
-            job.row, job.mark, job.ids = self._prompt(job.marks, job.key, r.messages, r.tools)
+            if r.is_text:
+                job.key = _TEXT
+                job.row, job.mark, job.ids = self._text_prompt(job.marks, r.prompt)
+            else:
+                job.key = _key(r.messages, r.tools)
+                job.row, job.mark, job.ids = self._prompt(job.marks, job.key, r.messages, r.tools)
         except BadRequest as e:
             job.error = e
         except Exception as e:  # noqa: BLE001 - a tokenizer's own failure fails this request, not the loop
@@ -323,7 +353,8 @@ class AgentRunner:
         row.busy = True
         ep.calls += 1
         rid = ("agent", job.eid, ep.calls)
-        self.calls[rid] = _Call(p, i, job.key)
+        text = self.tok.decode(list(r.prompt)) if isinstance(r.prompt, tuple) else r.prompt  # a text continues it
+        self.calls[rid] = _Call(p, i, job.key, text)
         self.engine.submit(GenerationRequest(
             ids, min(r.max_tokens or t.max_new_tokens, t.max_new_tokens, t.max_context - len(ids)), rid=rid,
             temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, greedy=ep.greedy,
@@ -349,6 +380,33 @@ class AgentRunner:
         except Exception as e:  # the template's own error (a role order it refuses)
             raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
         return -1, -1, self._fit(text, 0)
+
+    def _text_prompt(self, marks: list[tuple[int, int, Mark]], prompt: str) -> tuple[int, int, list[int]]:
+        """A completions prompt given as text: (row, mark, the ids of the text after the mark's) when it starts with
+        the text of the longest earlier completion it continues, else (-1, -1, the text's ids) for a new row."""
+        best = max(((i, j, m) for i, j, m in marks if m.text is not None and prompt.startswith(m.text)),
+                   key=lambda b: len(b[2].text), default=None)
+        if best is not None:
+            i, j, mark = best
+            return i, j, self._fit(prompt[len(mark.text):], mark.n_ids)
+        return -1, -1, self._fit(prompt, 0)
+
+    def _id_prompt(self, ep: AgentEpisode, marks: list[tuple[int, int, Mark]],
+                   prompt: tuple[int, ...]) -> tuple[int, int, list[int]]:
+        """A completions prompt given as token ids: (row, mark, the ids after the mark's) when it starts with the
+        ids of the longest earlier point of a row (any request's reply), else (-1, -1, the ids) for a new row."""
+        t, vocab = self.turns, len(self.tok)
+        if len(prompt) >= t.max_context:
+            raise BadRequest(f"the prompt does not fit an episode's context with room for a reply "
+                             f"(train_dataset.max_context_tokens={t.max_context})")
+        if max(prompt) >= vocab:
+            raise BadRequest(f"prompt: token id {max(prompt)} is not in this model's vocabulary of {vocab}")
+        best = max(((i, j, m) for i, j, m in marks
+                    if m.n_ids <= len(prompt) and list(prompt[:m.n_ids]) == ep.rows[i].ids[:m.n_ids]),
+                   key=lambda b: b[2].n_ids, default=None)
+        if best is not None:
+            return best[0], best[1], list(prompt[best[2].n_ids:])
+        return -1, -1, list(prompt)
 
     def _fit(self, text: str, before: int) -> list[int]:
         """text's ids, when `before` ids and they leave room for a reply in the context."""

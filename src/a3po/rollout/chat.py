@@ -4,13 +4,17 @@ The HTTP server (serving/http.py) answers on threads of its own; the engine is s
 loop (a rollout worker's, or `a3po serve`'s) and never touched from another thread. So a
 request thread puts its request in `ChatQueue`, the loop takes it between two engine steps
 (`take`), submits it, and once the completion is done hands the reply back (`Pending.reply`);
-the request thread waits for it with a deadline and answers 503 past it.
+the request thread waits for it with a deadline and answers 503 past it. A request for `n`
+choices is n pendings, each its own sample (choice i of a seeded request samples with seed + i),
+generated side by side and answered together, under the one deadline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 from a3po.rollout.engine import Completion
@@ -24,6 +28,13 @@ class Pending:
     route: str | None
     request: ChatRequest
     prompt_ids: list[int] | None = None  # made on the request thread where they do not depend on the loop's state
+    choice: int = 0  # which of the request's n choices this is
+    first: Pending | None = None  # choice 0, for the others: taken before them, refused for all of them
+
+    @property
+    def refused(self) -> Exception | None:
+        """Why choice 0 of this request was refused, if it was: then so is this choice."""
+        return self.first._error if self.first is not None else None
     _done: threading.Event = field(default_factory=threading.Event)
     _reply: ChatReply | None = None
     _error: Exception | None = None
@@ -44,18 +55,28 @@ class ChatQueue:
         self._inbox: queue.Queue[Pending] = queue.Queue()
         self._closed = False
 
-    def ask(self, route: str | None, request: ChatRequest, prompt_ids: list[int] | None = None) -> ChatReply:
-        """Called on a request thread: blocks until the engine loop replies, or the deadline passes."""
+    def ask(self, route: str | None, request: ChatRequest, prompt_ids: list[int] | None = None) -> list[ChatReply]:
+        """Called on a request thread: the request's replies, one per choice; blocks until the engine loop has
+        them all, or the deadline passes."""
         if self._closed:
             raise Unavailable("the server is stopping")
-        pending = Pending(route, request, prompt_ids)
-        self._inbox.put(pending)
-        if not pending._done.wait(self.reply_timeout_s):
-            pending.abandoned = True
-            raise Unavailable(f"no reply within {self.reply_timeout_s:g}s")
-        if pending._error is not None:
-            raise pending._error
-        return pending._reply
+        seeded = [request if request.seed is None else dataclasses.replace(request, seed=request.seed + i)
+                  for i in range(request.n)]
+        pendings = [Pending(route, r, prompt_ids, choice=i) for i, r in enumerate(seeded)]
+        for p in pendings[1:]:
+            p.first = pendings[0]
+        for p in pendings:
+            self._inbox.put(p)
+        deadline = time.monotonic() + self.reply_timeout_s
+        for p in pendings:
+            if not p._done.wait(max(0.0, deadline - time.monotonic())):
+                for q in pendings:
+                    q.abandoned = True
+                raise Unavailable(f"no reply within {self.reply_timeout_s:g}s")
+        for p in pendings:
+            if p._error is not None:
+                raise p._error
+        return [p._reply for p in pendings]
 
     def take(self, block_s: float = 0.0) -> list[Pending]:
         """Called by the engine loop: the requests that arrived, waiting up to block_s for the first."""

@@ -5,14 +5,16 @@
     ...
     server.close()
 
-`answer(route, request)` is called on the server's request thread and blocks until the
-engine loop has the reply (rollout/chat.py hands it over); it raises BadRequest (400),
-NotFound (404) or Unavailable (503) to refuse. `route` is the first path segment before
-`/v1` (`/ep-7/v1/chat/completions` -> "ep-7"), None for `/v1/...`: a rollout worker gives
-each episode its own base URL that way; a server made with `routes=False` (`a3po serve`)
-has only `/v1/...`. The server binds 127.0.0.1 unless told otherwise and, whatever it binds,
-answers only peers on a loopback address (403 for the others). Every answer is JSON, errors
-included: a method other than GET and POST is a 405, a bad request line or header a 400.
+`answer(route, request)` is called on the server's request thread and blocks until the engine loop
+has the replies, one per choice (a completions request is a ChatRequest with its `prompt` set)
+(rollout/chat.py hands it over); it raises BadRequest (400), NotFound (404) or Unavailable (503) to
+refuse. `route` is the first path segment before `/v1` (`/ep-7/v1/chat/completions` -> "ep-7"), None
+for `/v1/...`: a rollout worker gives each episode its own base URL that way; a server made with
+`routes=False` (`a3po serve`) has only `/v1/...`. The server binds 127.0.0.1 unless told otherwise
+and, whatever it binds, answers only peers on a loopback address (403 for the others). Every answer
+is JSON, errors included: a method other than GET and POST is a 405, a bad request line or header a
+400. A request with `stream: true` is answered as server-sent events (`data: {chunk}` lines, then
+`data: [DONE]`) on a connection closed after them; its errors before the reply are JSON, as above.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from a3po.serving.protocol import (
     error,
     model_list,
     parse_chat_request,
+    parse_completion_request,
+    stream_chunks,
+    text_completion,
 )
 
 LOOPBACK = "127.0.0.1"
-_PATH = re.compile(r"^(?:/(?P<route>[A-Za-z0-9_.-]+))?/v1/(?P<what>chat/completions|models)/?$")
+_PATH = re.compile(r"^(?:/(?P<route>[A-Za-z0-9_.-]+))?/v1/(?P<what>chat/completions|completions|models)/?$")
 REQUEST_READ_S = 30.0  # a client that sends its request slower than this is dropped
 
 
@@ -48,7 +53,7 @@ class Unavailable(RuntimeError):
     """The server cannot answer now (stopping, or the reply did not come within its deadline)."""
 
 
-Answer = Callable[["str | None", ChatRequest], ChatReply]
+Answer = Callable[["str | None", ChatRequest], "list[ChatReply]"]
 
 
 class _Server(ThreadingHTTPServer):
@@ -133,10 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         server = self.server_ref
         m = self._match()
-        if m is None or m["what"] != "chat/completions":
+        if m is None or m["what"] == "models":
             self._drain()
-            self._send(404, error(f"no POST {self.path}; this server has POST /v1/chat/completions",
-                                  "not_found_error"))
+            self._send(404, error(f"no POST {self.path}; this server has POST /v1/chat/completions and "
+                                  "/v1/completions", "not_found_error"))
             return
         given = self.headers.get("Content-Length")
         if given is None:
@@ -151,8 +156,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(413, error(f"the body is {length} bytes, more than {MAX_BODY_BYTES}"), close=True)
             return
         body = self.rfile.read(length)
+        text = m["what"] == "completions"
         try:
-            reply = server.answer(m["route"], parse_chat_request(body))
+            request = (parse_completion_request if text else parse_chat_request)(body)
+            replies = server.answer(m["route"], request)
         except BadRequest as e:
             self._send(400, error(str(e)))
         except NotFound as e:
@@ -160,13 +167,16 @@ class _Handler(BaseHTTPRequestHandler):
         except Unavailable as e:
             self._send(503, error(str(e), "server_error"))
         else:
-            self._send(200, chat_completion(reply, server.model))
+            if request.stream:
+                self._stream(stream_chunks(replies, server.model, text, request.include_usage))
+            else:
+                self._send(200, (text_completion if text else chat_completion)(replies, server.model))
 
     def send_error(self, code, message=None, explain=None):
         """http.server's own refusals (an unknown method, a malformed request line or header) as JSON errors."""
         if code == 501 and self.command:  # http.server's answer to a method it has no do_ method for
             self._send(405, error(f"{self.command} is not served; this server answers GET /v1/models and POST "
-                                  "/v1/chat/completions", "method_not_allowed"), close=True,
+                                  "/v1/chat/completions and /v1/completions", "method_not_allowed"), close=True,
                        headers={"Allow": "GET, POST"})
             return
         self._send(code, error(message or explain or f"HTTP {code}"), close=True)
@@ -176,6 +186,21 @@ class _Handler(BaseHTTPRequestHandler):
         length = _byte_count(given) or 0
         if 0 < length <= MAX_BODY_BYTES:
             self.rfile.read(length)
+
+    def _stream(self, chunks: list[dict]) -> None:
+        """The reply as server-sent events; the connection closes after `[DONE]`, which ends the body."""
+        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client left; nothing to answer
 
     def _send(self, status: int, payload: dict, close: bool = False, headers: dict | None = None) -> None:
         data = json.dumps(payload).encode()

@@ -1,17 +1,25 @@
-"""The OpenAI chat-completions protocol as a3po serves it: a request checked into a typed record, a reply built.
+"""The OpenAI chat-completions and completions protocol as a3po serves it: a request checked into a typed record,
+a reply built, whole or as the chunks of a stream.
 
-Only what a chat client sends is read: `messages` (roles system, developer (read as system),
-user, assistant, tool; content a string, or a list of text parts), `max_tokens` /
-`max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` (1 only), `logprobs`,
-and the tool-call fields (`tools`, an assistant message's `tool_calls`, a tool message's
-`tool_call_id`), which go to the model's chat template as they are; `tool_choice` "auto" or
-"none" (whether a reply's tool-call text is read into `tool_calls`, serving/toolcalls.py, where
-the server reads them). A field in UNSERVED, asked for with a value that
-would change the reply, is refused by name rather than ignored (a client that asked for JSON
-output or a required tool call must not get plain text as if it had); any other field is
-ignored, as the protocol's servers do. A request that cannot be served is a `BadRequest`
-whose message says which field is wrong and what it must be: the server answers it with a
-400, never an exception.
+Only what a chat client sends is read: `messages` (roles system, developer (read as system), user,
+assistant, tool; content a string, or a list of text parts), `max_tokens` / `max_completion_tokens`,
+`temperature`, `top_p`, `seed`, `stop`, `n` (up to MAX_CHOICES), `logprobs`, `stream` with
+`stream_options.include_usage`, and the tool-call fields (`tools`, an assistant message's
+`tool_calls`, a tool message's `tool_call_id`), which go to the model's chat template as they are;
+`tool_choice` "auto" or "none" (whether a reply's tool-call text is read into `tool_calls`,
+serving/toolcalls.py, where the server reads them). A field in UNSERVED (UNSERVED_TEXT as well on
+the completions route), asked for with a value that would change the reply, is refused by name
+rather than ignored (a client that asked for JSON output or a required tool call must not get plain
+text as if it had); any other field is ignored, as the protocol's servers do. A request that cannot
+be served is a `BadRequest` whose message says which field is wrong and what it must be: the server
+answers it with a 400, never an exception.
+
+A completions request (`/v1/completions`, for clients that render their own prompts) has a
+`prompt` instead of `messages`: one text, or one list of token ids; `logprobs` there is 0 or 1
+(the chosen tokens' log-probs; no alternatives), and `echo`, `suffix` and `best_of` above 1 are
+refused. A streamed reply is sent once the whole reply is generated (a reply is only known to be
+a tool call once it is whole), as a short sequence of chunks: the role, the content, each tool
+call, the finish reason, the usage if asked.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +37,8 @@ from a3po.serving.toolcalls import ToolCall
 ROLES = ("system", "developer", "user", "assistant", "tool")
 AS_ROLE = {"developer": "system"}  # the newer name for the system role; chat templates know only "system"
 MAX_BODY_BYTES = 8 << 20
+MAX_CHOICES = 16  # `n`: samples of one prompt per request
+MAX_PROMPT_IDS = 1 << 20  # a completions prompt given as ids: far past any context, refused before it is read
 MAX_NESTING = 64  # JSON arrays and objects inside one another: tool schemas nest, but not this deep
 _TOO_DEEP = f"the body's JSON is nested deeper than {MAX_NESTING} levels; send a flatter request"
 
@@ -43,7 +53,6 @@ def _off(value: Any) -> bool:
 
 # field -> (whether its value asks for nothing this server would have to do, what to send instead)
 UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "stream": (_off, "leave stream unset or false: replies come whole"),
     "top_logprobs": (_off, "leave it unset or 0; logprobs=true gives each chosen token's log-prob"),
     "response_format": (lambda v: _off(v) or v == {"type": "text"}, "leave it unset: replies are free text"),
     "tool_choice": (lambda v: v in (None, "auto", "none"),
@@ -56,6 +65,14 @@ UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_off, "describe functions in 'tools'"),
     "audio": (_off, "leave it unset: replies are text"),
     "modalities": (lambda v: _off(v) or v == ["text"], "leave it unset or ['text']"),
+}
+
+# the completions route's own fields, refused the same way
+UNSERVED_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "echo": (_off, "leave it unset: the prompt is not sent back"),
+    "suffix": (lambda v: v is None or v == "", "leave it unset: text after the completion is not served"),
+    "best_of": (lambda v: v in (None, 1), "leave it unset or 1; n gives several samples"),
+    "logprobs": (lambda v: v in (None, 0, 1, False), "send 0 or 1 (the chosen tokens' log-probs) or leave it unset"),
 }
 
 
@@ -71,6 +88,15 @@ class ChatRequest:
     tools: list[dict] | None = None
     model: str = ""
     tool_choice: str = "auto"  # or "none": the reply's tool-call text is left as text
+    n: int = 1  # choices: each is sampled on its own
+    stream: bool = False  # the reply as server-sent events (chunks), not one object
+    include_usage: bool = False  # a stream's last chunk before [DONE] carries the usage
+    prompt: str | tuple[int, ...] | None = None  # a completions request's prompt (then messages is empty)
+
+    @property
+    def is_text(self) -> bool:
+        """A completions request: its prompt is given, not rendered from messages."""
+        return self.prompt is not None
 
 
 @dataclass(frozen=True)
@@ -87,23 +113,64 @@ class ChatReply:
 
 def parse_chat_request(body: bytes) -> ChatRequest:
     """The request a chat-completions body asks for, or BadRequest saying what is wrong with it."""
+    data = _object(body, "messages")
+    fields = _common(data, UNSERVED)
+    tools = data.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise BadRequest("tools: a list of tool objects")
+    return ChatRequest(_messages(data.get("messages")), **fields, logprobs=bool(data.get("logprobs")), tools=tools,
+                       tool_choice=data.get("tool_choice") or "auto")
+
+
+def parse_completion_request(body: bytes) -> ChatRequest:
+    """The request a completions body (a prompt, not messages) asks for, or BadRequest saying what is wrong."""
+    data = _object(body, "prompt")
+    fields = _common(data, {**UNSERVED, **UNSERVED_TEXT})
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and len(prompt) > MAX_PROMPT_IDS:
+        raise BadRequest(f"prompt: {len(prompt)} token ids, far more than any context; send a shorter prompt")
+    if isinstance(prompt, list) and prompt and all(_is_int(i) and i >= 0 for i in prompt):
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str) or not prompt:
+        raise BadRequest("prompt: one non-empty string or one non-empty list of token ids (one prompt a request; "
+                         "n gives several samples of it)")
+    return ChatRequest([], **fields, logprobs=data.get("logprobs") is not None and data.get("logprobs") is not False,
+                       prompt=prompt)
+
+
+def _object(body: bytes, needs: str) -> dict:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadRequest(f"the body is not JSON ({e}); send a JSON object with 'messages'") from None
+        raise BadRequest(f"the body is not JSON ({e}); send a JSON object with '{needs}'") from None
     except RecursionError:  # the parser's own bound, far past ours
         raise BadRequest(_TOO_DEEP) from None
     if _nesting(data) > MAX_NESTING:
         raise BadRequest(_TOO_DEEP)
     if not isinstance(data, dict):
-        raise BadRequest(f"the body is a JSON {type(data).__name__}; send an object with 'messages'")
-    for key, (served, instead) in UNSERVED.items():
+        raise BadRequest(f"the body is a JSON {type(data).__name__}; send an object with '{needs}'")
+    return data
+
+
+def _common(data: dict, unserved: dict[str, tuple[Callable[[Any], bool], str]]) -> dict:
+    """The fields both routes read, checked; the unserved ones refused by name."""
+    for key, (served, instead) in unserved.items():
         if not served(data.get(key)):
             shown = json.dumps(data[key])
             raise BadRequest(f"{key}={shown if len(shown) <= 60 else shown[:57] + '...'} is not served; {instead}")
-    n = data.get("n", 1)
-    if n not in (1, None):
-        raise BadRequest(f"n={n!r}: one choice per request (n=1); send several requests for several samples")
+    n = data.get("n")
+    n = 1 if n is None else n
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise BadRequest(f"n={n!r}: an integer from 1 to {MAX_CHOICES}; send several requests for more samples")
+    stream = data.get("stream")
+    if stream not in (None, True, False):
+        raise BadRequest(f"stream={stream!r}: true or false")
+    options = data.get("stream_options")
+    if options is not None and (not isinstance(options, dict)
+                                or options.get("include_usage") not in (None, True, False)):
+        raise BadRequest("stream_options: an object such as {\"include_usage\": true}")
     max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise BadRequest(f"max_tokens={max_tokens!r}: a positive integer")
@@ -118,13 +185,10 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 8:
         raise BadRequest(f"stop={data.get('stop')!r}: a non-empty string or a list of up to 8 of them")
-    tools = data.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("tools: a list of tool objects")
     model = data.get("model", "")
-    return ChatRequest(_messages(data.get("messages")), max_tokens, temperature, top_p, seed, tuple(stop),
-                       bool(data.get("logprobs")), tools, model if isinstance(model, str) else "",
-                       data.get("tool_choice") or "auto")
+    return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=tuple(stop),
+                model=model if isinstance(model, str) else "", n=n, stream=bool(stream),
+                include_usage=bool(stream) and bool((options or {}).get("include_usage")))
 
 
 def _messages(value: Any) -> list[dict]:
@@ -188,22 +252,82 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def chat_completion(reply: ChatReply, model: str) -> dict:
-    """The chat.completion object for one reply."""
-    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply.text},
+def _choice(reply: ChatReply, index: int) -> dict:
+    choice: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": reply.text},
                               "finish_reason": reply.finish_reason}
     if reply.tool_calls:
         choice["message"] = {"role": "assistant", "content": reply.text or None,
                              "tool_calls": [c.as_message_field() for c in reply.tool_calls]}
         choice["finish_reason"] = "tool_calls"
     if reply.token_logprobs:
-        choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                                          for t, lp in zip(reply.token_texts, reply.token_logprobs)]}
-    n_out = reply.completion_tokens
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [choice],
-            "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": n_out,
-                      "total_tokens": reply.prompt_tokens + n_out}}
+        choice["logprobs"] = _chat_logprobs(reply)
+    return choice
+
+
+def _chat_logprobs(reply: ChatReply) -> dict:
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                        for t, lp in zip(reply.token_texts, reply.token_logprobs)]}
+
+
+def _usage(replies: Sequence[ChatReply]) -> dict:
+    """The prompt counted once (every choice samples the same one), the completions of all choices."""
+    prompt, out = replies[0].prompt_tokens, sum(r.completion_tokens for r in replies)
+    return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
+
+
+def _head(kind: str, model: str) -> dict:
+    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()), "model": model}
+
+
+def chat_completion(replies: Sequence[ChatReply], model: str) -> dict:
+    """The chat.completion object for a request's replies, one choice each."""
+    return {**_head("chat.completion", model), "choices": [_choice(r, i) for i, r in enumerate(replies)],
+            "usage": _usage(replies)}
+
+
+def text_completion(replies: Sequence[ChatReply], model: str) -> dict:
+    """The text_completion object (the completions route) for a request's replies, one choice each."""
+    choices = []
+    for i, r in enumerate(replies):
+        logprobs = None
+        if r.token_logprobs:
+            offsets = [sum(len(t) for t in r.token_texts[:k]) for k in range(len(r.token_texts))]
+            logprobs = {"tokens": r.token_texts, "token_logprobs": r.token_logprobs,
+                        "top_logprobs": [{t: lp} for t, lp in zip(r.token_texts, r.token_logprobs)],
+                        "text_offset": offsets}
+        choices.append({"index": i, "text": r.text, "logprobs": logprobs, "finish_reason": r.finish_reason})
+    return {**_head("text_completion", model), "choices": choices, "usage": _usage(replies)}
+
+
+def stream_chunks(replies: Sequence[ChatReply], model: str, text: bool, include_usage: bool) -> list[dict]:
+    """The chunks a streamed reply is sent as, in order (each an SSE `data:` line, then `data: [DONE]`).
+
+    Chat: per choice its role, its content if any (with its log-probs), each tool call whole (one delta per
+    call, at its index), then its finish reason. Completions: per choice its text, then its finish reason.
+    With include_usage every chunk has `usage: null` and a last one with no choices carries the usage."""
+    head = _head("text_completion" if text else "chat.completion.chunk", model)
+    chunks = []
+    for i, r in enumerate(replies):
+        if text:
+            lp = text_completion([r], model)["choices"][0]["logprobs"]
+            chunks.append({"index": i, "text": r.text, "logprobs": lp, "finish_reason": None})
+            chunks.append({"index": i, "text": "", "logprobs": None, "finish_reason": r.finish_reason})
+            continue
+        chunks.append({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None})
+        if r.text:
+            chunks.append({"index": i, "delta": {"content": r.text},
+                           "logprobs": _chat_logprobs(r) if r.token_logprobs else None, "finish_reason": None})
+        for k, call in enumerate(r.tool_calls):
+            chunks.append({"index": i, "delta": {"tool_calls": [{"index": k, **call.as_message_field()}]},
+                           "logprobs": None, "finish_reason": None})
+        chunks.append({"index": i, "delta": {}, "logprobs": None,
+                       "finish_reason": "tool_calls" if r.tool_calls else r.finish_reason})
+    out = [{**head, "choices": [c], **({"usage": None} if include_usage else {})} for c in chunks]
+    if include_usage:
+        out.append({**head, "choices": [], "usage": _usage(replies)})
+    return out
 
 
 def model_list(model: str) -> dict:
