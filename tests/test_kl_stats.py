@@ -164,7 +164,8 @@ def test_loss_stats_hand_example():
     assert set(stats) == {
         "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max", "loss/clipped_frac", "loss/dual_clipped_frac",
         "loss/behav_weight_mean", "loss/behav_weight_max", "loss/behav_capped_frac", "loss/m2_dropped_frac",
-        "loss/approx_kl", "loss/entropy",
+        "loss/approx_kl", "loss/entropy", "loss/tis_truncated_frac", "loss/tis_truncated_seq_frac",
+        "loss/corr_masked_frac", "loss/corr_masked_seq_frac", "loss/opsm_masked_seq_frac",
     }
     assert all(isinstance(v, float) for v in stats.values())
     expected = {
@@ -182,6 +183,9 @@ def test_loss_stats_hand_example():
         # mean(p - theta) = -mean(log r) = -(0.405465 + 0 - 0.693147 + 0.095310) / 4 = 0.048093
         "loss/approx_kl": -(math.log(1.5) + math.log(0.5) + math.log(1.1)) / 4,
         "loss/entropy": (1 + 2 + 3 + 4) / 4,  # 2.5
+        # no off-policy correction in STATS_SPEC: none truncates or masks anything
+        "loss/tis_truncated_frac": 0.0, "loss/tis_truncated_seq_frac": 0.0, "loss/corr_masked_frac": 0.0,
+        "loss/corr_masked_seq_frac": 0.0, "loss/opsm_masked_seq_frac": 0.0,
     }
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key

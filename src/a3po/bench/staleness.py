@@ -370,7 +370,9 @@ def _skip_record(s: Skipped) -> dict:
 def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float) -> dict:
     from a3po.bench.staleness_report import markdown, plot
 
-    labels = {a.name: f"{a.label} (`{' '.join(a.overrides)}`)" for a in ARMS.values()}
+    ran = {r["arm"] for r in runs}  # and the labels a record written before kept (regenerate, --join)
+    labels = {**header.get("arm_labels", {}),
+              **{a.name: f"{a.label} (`{' '.join(a.overrides)}`)" for a in ARMS.values() if a.name in ran}}
     record = {**header, "arm_labels": labels, "wall_s": wall_s, "runs": runs, "table": aggregate(runs),
               "approx": approx_tables(runs), "paired": paired_table(runs)}
     record["plots"] = plot(record["table"], bench_dir / "plots")
@@ -379,8 +381,8 @@ def write_results(bench_dir: Path, header: dict, runs: list[dict], wall_s: float
     return record
 
 
-# what write_results computes from the runs
-DERIVED = ("arm_labels", "wall_s", "runs", "table", "approx", "paired", "plots", "out")
+# what write_results computes from the runs (arm_labels it extends: the labels of the arms run)
+DERIVED = ("wall_s", "runs", "table", "approx", "paired", "plots", "out")
 
 
 def regenerate(bench_dir: Path) -> dict:
