@@ -24,7 +24,8 @@ from a3po.algo.filters import NO_FILTER, SamplingFilter, filter_logits
 CHUNK_ELEMENTS = 1 << 24  # 16M logits (64 MB in fp32) per chunk
 
 
-def _rows_per_chunk(vocab: int) -> int:
+def rows_per_chunk(vocab: int) -> int:
+    """Rows of one (rows, vocab) logits block: the head's matmul shape."""
     return max(1, CHUNK_ELEMENTS // vocab)
 
 
@@ -54,7 +55,7 @@ class _TokenLogpEntropy(torch.autograd.Function):
                 filt: SamplingFilter):
         ctx.set_materialize_grads(False)
         w = weight.to(hidden.dtype)
-        n = _rows_per_chunk(weight.shape[0])
+        n = rows_per_chunk(weight.shape[0])
         logp = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden), device=hidden.device)
         entropy = torch.zeros_like(logp)
         for s in range(0, hidden.shape[0], n):
@@ -77,7 +78,7 @@ class _TokenLogpEntropy(torch.autograd.Function):
         acc = _acc_dtype(hidden)
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
-        n = _rows_per_chunk(weight.shape[0])
+        n = rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], n):
             h, t = hidden[s : s + n], targets[s : s + n]
             q = _chunk_log_softmax(h, w, ctx.temperature, ctx.filt, t)
