@@ -46,7 +46,9 @@ def _chunk_log_softmax(h: Tensor, w: Tensor, temperature: float, filt: SamplingF
 
 
 def _entropy(p: Tensor, q: Tensor) -> Tensor:
-    return -(p * q.nan_to_num(neginf=0.0)).sum(-1)  # (n,); a filtered-out token (p = 0, q = -inf) adds nothing
+    """(n,) from p and its log q; q must be finite: a filtered-out token's -inf is the caller's to zero (its p is
+    0, so it adds nothing), done only under a filter because the copy costs a pass over (n, V)."""
+    return -(p * q).sum(-1)
 
 
 class _TokenLogpEntropy(torch.autograd.Function):
@@ -62,7 +64,7 @@ class _TokenLogpEntropy(torch.autograd.Function):
             q = _chunk_log_softmax(hidden[s : s + n], w, temperature, filt, targets[s : s + n])
             logp[s : s + n] = q.gather(-1, targets[s : s + n, None]).squeeze(-1)
             if with_entropy:
-                entropy[s : s + n] = _entropy(q.exp(), q)
+                entropy[s : s + n] = _entropy(q.exp(), q.nan_to_num(neginf=0.0) if filt.active else q)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.filt = temperature, filt
         return logp, entropy
@@ -103,7 +105,7 @@ class _TokenLogpEntropy(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[s : s + n] = (gz_c @ w).to(hidden.dtype)
             if grad_w is not None:
-                grad_w += (gz_c.T @ h.to(w.dtype)).to(acc)
+                grad_w.add_(gz_c.T @ h.to(w.dtype))  # upcast inside the add: no fp32 copy of the (V, H) product
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
 
 
