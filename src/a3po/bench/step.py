@@ -168,8 +168,12 @@ def run(args: StepBenchArgs) -> dict:
     batch = fixed_batch(len(tok), first, args)  # arms[0] trains the full model: base's weights
     rate = matmul_rate(getattr(torch, dtype), device=device)
     shapes = {m: micro_batch_rows(batch, first, m) for m in args.minibatches}
-    shape_rates = {m: shape_rate(base, *shapes[m], getattr(torch, dtype), backward=True, device=device)
-                   for m in args.minibatches}
+
+    def shape_rates() -> dict[int, float]:
+        return {m: shape_rate(base, *shapes[m], getattr(torch, dtype), backward=True, device=device)
+                for m in args.minibatches}
+
+    shape_samples = {m: [r] for m, r in shape_rates().items()}  # again after every repeat: the load drifts
     del first
     name = device_name(device)
     flops = training_flops(base, batch.input_ids.numel())
@@ -177,7 +181,7 @@ def run(args: StepBenchArgs) -> dict:
              f"forward/backward {flops / 1e12:.2f} TFLOP per step")
     for m, (body_rows, head_rows) in shapes.items():
         progress(f"  its own matmul shapes at {m} minibatch(es) ({body_rows} tokens per micro-batch, head at "
-                 f"{head_rows}), forward and backward: {shape_rates[m]:.0f} GFLOP/s")
+                 f"{head_rows}), forward and backward: {shape_samples[m][0]:.0f} GFLOP/s")
     progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
              f"(+{args.warmup} warm-up), on {device} ({name}), {args.threads} thread(s), {dtype}; writing to {out}")
 
@@ -210,6 +214,10 @@ def run(args: StepBenchArgs) -> dict:
                 s["state"].append(held)
                 s["trainable"].append(stats["train/trainable_params"])
 
+        if rep >= 0:
+            for m, r in shape_rates().items():
+                shape_samples[m].append(r)
+
     peaks = peak_memory(args, actors, batch) if args.memory else {}
     steps = []
     for method, m, r in arms:
@@ -224,7 +232,10 @@ def run(args: StepBenchArgs) -> dict:
             "prox_logp_s": statistics.median(s["prox"]),
             "forwards": max(s["forwards"]),  # model forward passes in one step (every micro-batch counts)
             "fwd_bwd_s": fwd_bwd, "fwd_bwd_gflops": flops / fwd_bwd / 1e9, "of_matmul": flops / fwd_bwd / 1e9 / rate,
-            "shape_gflops": shape_rates[m], "of_shapes": flops / fwd_bwd / 1e9 / shape_rates[m],
+            # each repeat's pass against the shapes timed right after its round: both at that round's load
+            "shape_gflops": statistics.median(shape_samples[m]),
+            "of_shapes": statistics.median(flops / (t - o) / 1e9 / r for t, o, r in
+                                           zip(s["train"], s["optimizer"], shape_samples[m][1:])),
             "optimizer_s": statistics.median(s["optimizer"]),
             "other_s": statistics.median(st - t - p for st, t, p in zip(s["step"], s["train"], s["prox"])),
             "prox_share": statistics.median(p / t for p, t in zip(s["prox"], s["step"])),
@@ -266,7 +277,8 @@ def markdown(r: dict) -> str:
         f"over the fwd/bwd time; of matmul: its share of a {MATMUL_SIZE}x{MATMUL_SIZE} {r['dtype']} matmul's rate "
         f"at the same thread count, measured in this run ({r['matmul_gflops']:.0f} GFLOP/s); shapes GFLOP/s: the "
         f"rate the model's own linear-layer shapes reach alone at the arm's micro-batch size, forward and both "
-        f"gradient matmuls (bench/flops.py `shape_rate`), and of shapes: fwd/bwd GFLOP/s as its share.",
+        f"gradient matmuls (bench/flops.py `shape_rate`), timed after every round (median), and of shapes: the "
+        f"median over rounds of fwd/bwd GFLOP/s as a share of the shapes' rate in the same round.",
         "",
         "| prox method | minibatches | LoRA rank | step (s) | min..max | forward passes | prox forward (s) "
         "| fwd/bwd (s) | fwd/bwd GFLOP/s | of matmul | shapes GFLOP/s | of shapes | optimizer (s) | prox share "
