@@ -74,6 +74,7 @@ def test_bench_step_times_every_method_and_the_interpolation(tmp_path):
         assert s["fwd_bwd_s"] > 0 and s["optimizer_s"] > 0
         assert s["fwd_bwd_gflops"] == pytest.approx(rec["fwd_bwd_tflop"] * 1e3 / s["fwd_bwd_s"])
         assert s["of_matmul"] == pytest.approx(s["fwd_bwd_gflops"] / rec["matmul_gflops"])
+        assert s["shape_gflops"] > 0 and s["of_shapes"] > 0  # per round, so not the medians' quotient
         # the batch fits one micro-batch per minibatch: one training forward per minibatch, plus
         # the proximal pass for recompute only (counted by a forward hook, not inferred from time)
         extra = s["method"] == "recompute"
@@ -333,6 +334,23 @@ def test_model_flops_count_every_linear_weight_once_per_token():
     assert linear_weights(model) == (cfg.num_hidden_layers * per_layer, len(tok) * d)
     # two prompts of 5 and 7 tokens, 3 new tokens each: 5 + 2 and 7 + 2 tokens through the body, 6 through the head
     assert generation_flops(model, [5, 7], 3) == 2 * (cfg.num_hidden_layers * per_layer * 16 + len(tok) * d * 6)
+
+
+def test_shape_rate_times_each_linear_shape_of_the_model_once():
+    from a3po.bench.flops import linear_shapes, shape_rate
+    from a3po.models import load_policy
+
+    model, tok = load_policy("tiny-128x4")
+    cfg = model.config
+    d, kv, i, n = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size, cfg.num_hidden_layers
+    body, head = linear_shapes(model)
+    expected = {(d, d): 2 * n, (kv, d): 2 * n, (i, d): 2 * n, (d, i): n}  # q, o; k, v; gate, up; down
+    if kv == d:
+        expected = {(d, d): 4 * n, (i, d): 2 * n, (d, i): n}
+    assert body == expected and head == (len(tok), d)
+    for backward in (False, True):
+        rate = shape_rate(model, rows=16, head_rows=8, dtype=torch.float32, backward=backward, repeats=1)
+        assert 0 < rate < math.inf
 
 
 @pytest.mark.slow

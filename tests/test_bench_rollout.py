@@ -49,6 +49,7 @@ def test_bench_rollout_runs_both_engines_in_both_dtypes_on_the_same_work(tiny_ru
         assert (a["over_generate"] > 0) if a["engine"].startswith("local") else a["over_generate"] is None
         assert (a["over_local"] > 0) if a["engine"] == "local-hf" else a["over_local"] is None
         assert a["gflops"] > 0 and a["of_matmul"] == pytest.approx(a["gflops"] / rec["matmul_gflops"][a["dtype"]])
+        assert a["of_shapes"] == pytest.approx(a["gflops"] / rec["shape_gflops"][a["dtype"]])
     assert rec["update_every"] == 2 and rec["keep_kv_over_reprefill"] > 0
     assert rec["local_bf16_over_fp32"] > 0
     assert rec["dtypes"] == ["float32", "bfloat16"] and rec["trainer_dtype"] == "float32"

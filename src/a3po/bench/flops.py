@@ -60,3 +60,56 @@ def training_flops(model, tokens: int) -> float:
     """Model FLOPs of one forward and backward pass over `tokens` tokens (backward costs two forwards)."""
     body, head = linear_weights(model)
     return 6.0 * (body + head) * tokens
+
+
+def linear_shapes(model) -> tuple[dict[tuple[int, int], int], tuple[int, int]]:
+    """The body's linear weight shapes (out, in) with how many layers hold each, and the output layer's shape."""
+    head = model.get_output_embeddings()
+    body: dict[tuple[int, int], int] = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m is not head:
+            body[tuple(m.weight.shape)] = body.get(tuple(m.weight.shape), 0) + 1
+    return body, tuple(head.weight.shape)
+
+
+def _gemm_seconds(fn, device: torch.device, repeats: int) -> float:
+    """Median seconds of `fn()` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def shape_rate(model, rows: int, head_rows: int, dtype: torch.dtype, backward: bool, repeats: int = 3,
+               device: torch.device = CPU) -> float:
+    """GFLOP/s that the model's own linear-layer matmuls reach alone, in `dtype` on `device`: every body weight
+    shape at `rows` tokens and the output layer at `head_rows`, forward only or (`backward`) also both gradient
+    matmuls (input: (rows, out) @ (out, in); weight: (out, rows) @ (rows, in)).
+
+    Why: a 2048 x 2048 square runs faster than a micro-batch's thin matmuls, so its rate overstates what a
+    training or decode pass could reach. This is the rate the pass's counted model FLOPs (`training_flops`,
+    `generation_flops`) would run at if nothing but these matmuls took time: counted FLOPs over the sum of
+    each shape's share of them at its own measured rate. The body's and the head's FLOPs are weighted as
+    those functions count them (every token through the head), whatever rows the head is timed at."""
+    g = torch.Generator().manual_seed(0)
+    body, head = linear_shapes(model)
+    shapes = [(shape, count, rows) for shape, count in body.items()] + [(head, 1, head_rows)]
+    flops = seconds = 0.0
+    for (out_f, in_f), count, m in shapes:
+        w = torch.randn(out_f, in_f, generator=g).to(device, dtype)
+        x = torch.randn(m, in_f, generator=g).to(device, dtype)
+        gemms = [lambda x=x, w=w: torch.nn.functional.linear(x, w)]
+        if backward:
+            gy = torch.randn(m, out_f, generator=g).to(device, dtype)
+            gemms += [lambda gy=gy, w=w: gy @ w, lambda gy=gy, x=x: gy.T @ x]
+        one = 2.0 * m * in_f * out_f  # FLOPs of one of these matmuls
+        per_layer = len(gemms) * one / sum(_gemm_seconds(f, device, repeats) for f in gemms)  # FLOP/s
+        counted = count * in_f * out_f  # weights of this shape: FLOPs are proportional to them
+        flops += counted
+        seconds += counted / per_layer
+    return flops / seconds / 1e9

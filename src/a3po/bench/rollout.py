@@ -73,7 +73,7 @@ import torch
 
 from a3po.bench.args import ROLLOUT_ENGINES, Engine, RolloutBenchArgs
 from a3po.bench.common import fmt_s, on_device, print_report, progress, save_report, spread
-from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate
+from a3po.bench.flops import MATMUL_SIZE, generation_flops, matmul_rate, shape_rate
 from a3po.config import ConfigError, load_config
 from a3po.config.choices import AUTO, Dtype, Forward, WeightUpdate
 from a3po.data import Example
@@ -271,10 +271,10 @@ def logprob_gap(trainer: TrainEngine, completions: list[Completion]) -> dict:
 
 
 def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str], flops: float,
-             rates: dict[str, float]) -> list[dict]:
+             rates: dict[str, float], shape_rates: dict[str, float]) -> list[dict]:
     """One row per arm: tokens/s spread, seconds per call, model GFLOP/s and its share of the matmul rate
-    in the arm's dtype, and its speed against generate, against the local engine (vLLM's and
-    local-hf's rows) and against the same engine in the first dtype."""
+    and of the decode shapes' rate in the arm's dtype, and its speed against generate, against the local
+    engine (vLLM's and local-hf's rows) and against the same engine in the first dtype."""
     med = {a: statistics.median(tokens / s for s in t) for a, t in secs.items()}
 
     def over(arm: Arm, other: Arm) -> float | None:
@@ -287,7 +287,7 @@ def arm_rows(secs: dict[Arm, list[float]], tokens: int, dtypes: list[str], flops
         rows.append({
             "engine": arm.engine, "dtype": arm.dtype, "tokens": tokens,
             **spread([tokens / s for s in t], "tok_per_s", unit=""), **spread(t, "call"),
-            "gflops": gflops, "of_matmul": gflops / rates[arm.dtype],
+            "gflops": gflops, "of_matmul": gflops / rates[arm.dtype], "of_shapes": gflops / shape_rates[arm.dtype],
             "over_generate": over(arm, Arm(Engine.GENERATE, arm.dtype)) if sampler else None,
             "over_local": (over(arm, Arm(Engine.LOCAL, arm.dtype)) if arm.engine in (Engine.VLLM, Engine.LOCAL_HF)
                            else None),
@@ -320,10 +320,13 @@ def run(args: RolloutBenchArgs) -> dict:
     name = device_name(device)
     progress(f"bench rollout: {args.model}, {args.batch} requests x {args.max_new_tokens} new tokens, "
              f"engines {','.join(args.engines)}, on {device} ({name}), {args.threads} thread(s); writing to {out}")
-    rates = {}
+    rates, shape_rates = {}, {}
     for d in sorted({*args.dtypes, resolve_dtype(AUTO, device)}):
         rates[d] = matmul_rate(torch_dtype(d), device=device)
-        progress(f"  matmul rate, {d}, {args.threads} thread(s): {rates[d]:.0f} GFLOP/s")
+        # a decode step's matmuls: every request's one new token through each linear layer and the head
+        shape_rates[d] = shape_rate(base, args.batch, args.batch, torch_dtype(d), backward=False, device=device)
+        progress(f"  matmul rate, {d}, {args.threads} thread(s): {rates[d]:.0f} GFLOP/s; the model's own "
+                 f"decode shapes ({args.batch} rows): {shape_rates[d]:.0f} GFLOP/s")
     with ExitStack() as engines:  # vLLM engines, closed (their /dev/shm folders removed) however this ends
         arms, vllm_start = samplers(base, tok, args, engines)
         progress(f"  {len(arms)} arms x {args.repeats} repeats")
@@ -341,11 +344,12 @@ def run(args: RolloutBenchArgs) -> dict:
     gaps = [{"engine": a.engine, "dtype": a.dtype, **logprob_gap(trainer, first[a])}
             for a in first if a.engine in SAMPLERS]
     rows = arm_rows(secs, args.batch * args.max_new_tokens, args.dtypes,
-                    generation_flops(base, [len(p) for p in prompts], args.max_new_tokens), rates)
+                    generation_flops(base, [len(p) for p in prompts], args.max_new_tokens), rates, shape_rates)
     local = {r["dtype"]: r["tok_per_s_median"] for r in rows if r["engine"] == Engine.LOCAL}
     record = {
         "benchmark": "rollout", "model": args.model, "params": sum(p.numel() for p in base.parameters()),
         "batch": args.batch, "group": args.group, "max_new_tokens": args.max_new_tokens, "matmul_gflops": rates,
+        "shape_gflops": shape_rates,
         "prompt_len": [min(map(len, prompts)), max(map(len, prompts))],
         "threads": args.threads, "repeats": args.repeats, "dtypes": args.dtypes, "engines": args.engines,
         "trainer_dtype": trainer_dtype, "vllm_start_s": vllm_start,
@@ -381,18 +385,21 @@ def markdown(r: dict) -> str:
          f"load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} at end. "
          "GFLOP/s: the model's linear-layer matmuls (bench/flops.py); of matmul: its share of a "
          f"{MATMUL_SIZE}x{MATMUL_SIZE} matmul's rate in the same dtype and thread count, measured in this run ("
-         + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in r["matmul_gflops"].items()) + ")."),
+         + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in r["matmul_gflops"].items()) + "); of shapes: its share "
+         "of the rate the model's own decode matmuls (its linear layers and head at one row per request) reach "
+         "alone (bench/flops.py `shape_rate`: " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in
+                                                              r["shape_gflops"].items()) + ")."),
         "",
-        f"| engine | dtype | tokens | tok/s | min..max | per call | GFLOP/s | of matmul | vs generate | vs local "
-        f"| vs {first} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| engine | dtype | tokens | tok/s | min..max | per call | GFLOP/s | of matmul | of shapes | vs generate "
+        f"| vs local | vs {first} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for a in r["arms"]:
         ratios = " | ".join(f"{a[k]:.2f}x" if a[k] is not None else "-"
                             for k in ("over_generate", "over_local", "over_first_dtype"))
         lines.append(f"| {a['engine']} | {a['dtype']} | {a['tokens']} | {a['tok_per_s_median']:.1f} "
                      f"| {a['tok_per_s_min']:.1f}..{a['tok_per_s_max']:.1f} | {fmt_s(a['call_median_s'])} "
-                     f"| {a['gflops']:.0f} | {a['of_matmul']:.0%} | {ratios} |")
+                     f"| {a['gflops']:.0f} | {a['of_matmul']:.0%} | {a['of_shapes']:.0%} | {ratios} |")
     if r["vllm_start_s"]:
         lines += ["", "vLLM start-up, before the timing (compilation included): " + ", ".join(
             f"{d} {s:.1f} s" for d, s in r["vllm_start_s"].items()) + "."]

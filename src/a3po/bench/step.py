@@ -46,14 +46,15 @@ from a3po.algo import proximal_logp
 from a3po.algo.variants import prox_traits
 from a3po.bench.args import StepBenchArgs
 from a3po.bench.common import fmt_s, on_device, print_report, progress, save_report, spread
-from a3po.bench.flops import MATMUL_SIZE, matmul_rate, training_flops
+from a3po.bench.flops import MATMUL_SIZE, matmul_rate, shape_rate, training_flops
 from a3po.config import load_config
 from a3po.devices import device_name, resolve_device, resolve_dtype, synchronize
 from a3po.files import unique_dir
 from a3po.machine import machine, machine_line
 from a3po.models import load_policy
 from a3po.pipeline.pool import split_threads
-from a3po.trainer.engine import TrainEngine
+from a3po.trainer.engine import TrainEngine, micro_batches, minibatches
+from a3po.trainer.logprobs import rows_per_chunk
 from a3po.trajectories import Trajectory, collate
 
 PEAK_TIMEOUT_S = 900  # one arm's memory measurement: a model load and two steps
@@ -134,6 +135,16 @@ def time_interpolation(batch, method: str, v: int, device: torch.device, min_rep
     return times
 
 
+def micro_batch_rows(batch, engine: TrainEngine, n_minibatches: int) -> tuple[int, int]:
+    """Tokens of the first minibatch's first micro-batch, through the body (padded rows x length) and through the
+    head (its output tokens, at most one vocabulary chunk of `trainer/logprobs.py`): the matmul shapes one training
+    pass runs."""
+    mini = batch.select(minibatches(len(batch), n_minibatches)[0])
+    group = mini.select(micro_batches(mini, engine.cfg.mb_spec.max_tokens_per_mb)[0])
+    head = int(group.loss_mask.sum())
+    return group.input_ids.numel(), min(head, rows_per_chunk(engine.model.get_output_embeddings().weight.shape[0]))
+
+
 def run(args: StepBenchArgs) -> dict:
     if args.threads is None:
         args.threads = split_threads(1, None)[1]
@@ -153,12 +164,24 @@ def run(args: StepBenchArgs) -> dict:
         engine.version = args.eta  # tokens carry versions eta-2..eta: staleness 0..eta
         return engine
 
-    batch = fixed_batch(len(tok), fresh_engine(arms[0]), args)  # arms[0] trains the full model: base's weights
+    first = fresh_engine(arms[0])
+    batch = fixed_batch(len(tok), first, args)  # arms[0] trains the full model: base's weights
     rate = matmul_rate(getattr(torch, dtype), device=device)
+    shapes = {m: micro_batch_rows(batch, first, m) for m in args.minibatches}
+
+    def shape_rates() -> dict[int, float]:
+        return {m: shape_rate(base, *shapes[m], getattr(torch, dtype), backward=True, device=device)
+                for m in args.minibatches}
+
+    shape_samples = {m: [r] for m, r in shape_rates().items()}  # again after every repeat: the load drifts
+    del first
     name = device_name(device)
     flops = training_flops(base, batch.input_ids.numel())
     progress(f"  matmul rate, {dtype}, {args.threads} thread(s): {rate:.0f} GFLOP/s; "
              f"forward/backward {flops / 1e12:.2f} TFLOP per step")
+    for m, (body_rows, head_rows) in shapes.items():
+        progress(f"  its own matmul shapes at {m} minibatch(es) ({body_rows} tokens per micro-batch, head at "
+                 f"{head_rows}), forward and backward: {shape_samples[m][0]:.0f} GFLOP/s")
     progress(f"bench step: batch {tuple(batch.input_ids.shape)}, {len(arms)} arms x {args.repeats} repeats "
              f"(+{args.warmup} warm-up), on {device} ({name}), {args.threads} thread(s), {dtype}; writing to {out}")
 
@@ -191,6 +214,10 @@ def run(args: StepBenchArgs) -> dict:
                 s["state"].append(held)
                 s["trainable"].append(stats["train/trainable_params"])
 
+        if rep >= 0:
+            for m, r in shape_rates().items():
+                shape_samples[m].append(r)
+
     peaks = peak_memory(args, actors, batch) if args.memory else {}
     steps = []
     for method, m, r in arms:
@@ -205,6 +232,10 @@ def run(args: StepBenchArgs) -> dict:
             "prox_logp_s": statistics.median(s["prox"]),
             "forwards": max(s["forwards"]),  # model forward passes in one step (every micro-batch counts)
             "fwd_bwd_s": fwd_bwd, "fwd_bwd_gflops": flops / fwd_bwd / 1e9, "of_matmul": flops / fwd_bwd / 1e9 / rate,
+            # each repeat's pass against the shapes timed right after its round: both at that round's load
+            "shape_gflops": statistics.median(shape_samples[m]),
+            "of_shapes": statistics.median(flops / (t - o) / 1e9 / r for t, o, r in
+                                           zip(s["train"], s["optimizer"], shape_samples[m][1:])),
             "optimizer_s": statistics.median(s["optimizer"]),
             "other_s": statistics.median(st - t - p for st, t, p in zip(s["step"], s["train"], s["prox"])),
             "prox_share": statistics.median(p / t for p, t in zip(s["prox"], s["step"])),
@@ -244,18 +275,22 @@ def markdown(r: dict) -> str:
         f"{machine_line(r['machine'])}; load average {r['loadavg_1m'][0]:.2f} at start, {r['loadavg_1m'][1]:.2f} "
         f"at end. fwd/bwd GFLOP/s: {r['fwd_bwd_tflop']:.2f} TFLOP of linear-layer matmuls per step (bench/flops.py) "
         f"over the fwd/bwd time; of matmul: its share of a {MATMUL_SIZE}x{MATMUL_SIZE} {r['dtype']} matmul's rate "
-        f"at the same thread count, measured in this run ({r['matmul_gflops']:.0f} GFLOP/s).",
+        f"at the same thread count, measured in this run ({r['matmul_gflops']:.0f} GFLOP/s); shapes GFLOP/s: the "
+        f"rate the model's own linear-layer shapes reach alone at the arm's micro-batch size, forward and both "
+        f"gradient matmuls (bench/flops.py `shape_rate`), timed after every round (median), and of shapes: the "
+        f"median over rounds of fwd/bwd GFLOP/s as a share of the shapes' rate in the same round.",
         "",
         "| prox method | minibatches | LoRA rank | step (s) | min..max | forward passes | prox forward (s) "
-        "| fwd/bwd (s) | fwd/bwd GFLOP/s | of matmul | optimizer (s) | prox share | recompute / this "
-        "| trained params | weights + AdamW (MB) | peak RSS (MB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| fwd/bwd (s) | fwd/bwd GFLOP/s | of matmul | shapes GFLOP/s | of shapes | optimizer (s) | prox share "
+        "| recompute / this | trained params | weights + AdamW (MB) | peak RSS (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in r["steps"]:
         sp = f"{s['speedup_vs_recompute']:.2f}x" if s["speedup_vs_recompute"] else "-"
         lines.append(f"| {s['method']} | {s['minibatches']} | {s.get('lora_rank') or '-'} | {s['step_median_s']:.2f} "
                      f"| {s['step_min_s']:.2f}..{s['step_max_s']:.2f} | {s['forwards']} | {s['prox_logp_s']:.2f} "
                      f"| {s['fwd_bwd_s']:.2f} | {s['fwd_bwd_gflops']:.0f} | {s['of_matmul']:.0%} "
+                     f"| {s['shape_gflops']:.0f} | {s['of_shapes']:.0%} "
                      f"| {s['optimizer_s']:.2f} | {s['prox_share']:.0%} | {sp} "
                      f"| {s.get('trainable_params', 0) / 1e6:.2f}M | {s.get('state_mb', 0):.0f} "
                      f"| {_opt_mb(s.get('peak_rss_mb'))} |")

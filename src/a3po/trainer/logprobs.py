@@ -24,7 +24,8 @@ from a3po.algo.filters import NO_FILTER, SamplingFilter, filter_logits
 CHUNK_ELEMENTS = 1 << 24  # 16M logits (64 MB in fp32) per chunk
 
 
-def _rows_per_chunk(vocab: int) -> int:
+def rows_per_chunk(vocab: int) -> int:
+    """Rows of one (rows, vocab) logits block: the head's matmul shape."""
     return max(1, CHUNK_ELEMENTS // vocab)
 
 
@@ -45,7 +46,9 @@ def _chunk_log_softmax(h: Tensor, w: Tensor, temperature: float, filt: SamplingF
 
 
 def _entropy(p: Tensor, q: Tensor) -> Tensor:
-    return -(p * q.nan_to_num(neginf=0.0)).sum(-1)  # (n,); a filtered-out token (p = 0, q = -inf) adds nothing
+    """(n,) from p and its log q; q must be finite: a filtered-out token's -inf is the caller's to zero (its p is
+    0, so it adds nothing), done only under a filter because the copy costs a pass over (n, V)."""
+    return -(p * q).sum(-1)
 
 
 class _TokenLogpEntropy(torch.autograd.Function):
@@ -54,14 +57,14 @@ class _TokenLogpEntropy(torch.autograd.Function):
                 filt: SamplingFilter):
         ctx.set_materialize_grads(False)
         w = weight.to(hidden.dtype)
-        n = _rows_per_chunk(weight.shape[0])
+        n = rows_per_chunk(weight.shape[0])
         logp = torch.empty(hidden.shape[0], dtype=_acc_dtype(hidden), device=hidden.device)
         entropy = torch.zeros_like(logp)
         for s in range(0, hidden.shape[0], n):
             q = _chunk_log_softmax(hidden[s : s + n], w, temperature, filt, targets[s : s + n])
             logp[s : s + n] = q.gather(-1, targets[s : s + n, None]).squeeze(-1)
             if with_entropy:
-                entropy[s : s + n] = _entropy(q.exp(), q)
+                entropy[s : s + n] = _entropy(q.exp(), q.nan_to_num(neginf=0.0) if filt.active else q)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.temperature, ctx.filt = temperature, filt
         return logp, entropy
@@ -77,7 +80,7 @@ class _TokenLogpEntropy(torch.autograd.Function):
         acc = _acc_dtype(hidden)
         grad_h = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
-        n = _rows_per_chunk(weight.shape[0])
+        n = rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], n):
             h, t = hidden[s : s + n], targets[s : s + n]
             q = _chunk_log_softmax(h, w, ctx.temperature, ctx.filt, t)
@@ -102,7 +105,7 @@ class _TokenLogpEntropy(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[s : s + n] = (gz_c @ w).to(hidden.dtype)
             if grad_w is not None:
-                grad_w += (gz_c.T @ h.to(w.dtype)).to(acc)
+                grad_w.add_(gz_c.T @ h.to(w.dtype))  # upcast inside the add: no fp32 copy of the (V, H) product
         return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None, None
 
 
