@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from a3po.files import atomic_write_text
+from a3po.bench.report import emit_page
 from a3po.intervals import t_quantile
 
 ENDPOINTS = ("final", "area")
@@ -303,11 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     except DesignError as e:
         print(f"a3po.bench.equivalence: {e}", file=sys.stderr)
         return 2
-    if opts.out is None:
-        print(page, end="")
-    else:
-        atomic_write_text(opts.out, page)
-        print(f"wrote {opts.out}")
+    emit_page(page, opts.out)
     return 0
 
 

@@ -18,8 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from a3po.bench.report import reading
-from a3po.files import atomic_write_text
+from a3po.bench.report import emit_page, reading
 from a3po.intervals import t_interval
 
 # what must be equal for two records to have evaluated the same problems, and the same way
@@ -112,11 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except RecordError as e:
         print(f"a3po.bench.paired: {e}", file=sys.stderr)
         return 2
-    if opts.out is None:
-        print(page, end="")
-    else:
-        atomic_write_text(opts.out, page)
-        print(f"wrote {opts.out}")
+    emit_page(page, opts.out)
     return 0
 
 

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from a3po.bench.args import ARM_NAMES
+from a3po.files import atomic_write_text
 from a3po.intervals import t_interval
 
 # (key in a run summary, column title, format)
@@ -31,6 +32,15 @@ COLUMNS = (
     ("capped_frac", "capped frac", "{:.4f}"),
 )
 APPROXIMATIONS = ("loglinear", "linear", "behav")
+
+
+def emit_page(page: str, out: Path | None) -> None:
+    """A page a records-only command wrote: to `out`, or to standard output without one."""
+    if out is None:
+        print(page, end="")
+    else:
+        atomic_write_text(out, page)
+        print(f"wrote {out}")
 
 
 def measured(x) -> bool:
