@@ -37,6 +37,16 @@ def machine_line(m: dict) -> str:
     return f"{m['cpu']}, {m['cores']} cores, {flags}"
 
 
+def git(args: list[str], cwd: Path) -> str | None:
+    """git's output for `args` in `cwd` (a record's commit, a design file's history), or None where git fails or a
+    copy has no .git."""
+    try:
+        res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
 def _read(path: str) -> str:
     try:
         return Path(path).read_text()

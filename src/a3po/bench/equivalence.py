@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import yaml
 
 from a3po.bench.report import emit_page
 from a3po.intervals import t_quantile
+from a3po.machine import git
 
 ENDPOINTS = ("final", "area")
 
@@ -159,19 +159,11 @@ def _dotted(config: dict, key: str):
     return config
 
 
-def _git(args: list[str], cwd: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def registration(path: Path, code_commit: str | None) -> list[str]:
     """What git says of the design file: the commit that added it, later changes, and whether the study's code
     commit contains it (a run from a commit that holds the design cannot have preceded it)."""
     where = path.resolve().parent
-    log = _git(["log", "--format=%H %cs", "--follow", "--", path.name], where)
+    log = git(["log", "--format=%H %cs", "--follow", "--", path.name], where)
     if not log:
         return ["The design file is not committed: this study is not pre-registered."]
     commits = log.splitlines()
@@ -182,7 +174,7 @@ def registration(path: Path, code_commit: str | None) -> list[str]:
     else:
         lines.append("It has not changed since.")
     if code_commit:
-        holds = _git(["merge-base", "--is-ancestor", first, code_commit], where) is not None
+        holds = git(["merge-base", "--is-ancestor", first, code_commit], where) is not None
         which = "holds the design file, so the design came first" if holds else "does NOT hold the design file"
         lines.append(f"The runs were made from {code_commit[:10]}, which {which}.")
     else:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from a3po.bench.runs import read_metrics, training_steps
 from a3po.config import ConfigError
 from a3po.devices import device_name, resolve_device
 from a3po.files import write_json
-from a3po.machine import machine
+from a3po.machine import git, machine
 from a3po.models.tiny import parse_tiny_name, tiny_params
 
 METHODS = ("recompute", "loglinear")  # the pair, in this order
@@ -94,12 +93,7 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 def _commit() -> str | None:
     """The checkout's commit, where this is a git checkout (a copy without .git: None)."""
-    try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).parent, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return res.stdout.strip() or None
+    return git(["rev-parse", "HEAD"], Path(__file__).parent) or None
 
 
 def _params(path: str) -> int | None:

@@ -41,7 +41,7 @@ def _chunk_log_softmax(h: Tensor, w: Tensor, temperature: float, filt: SamplingF
     if temperature != 1.0:
         z /= temperature
     if filt.active:
-        z = filter_logits(z, *filt.rows(len(z), z.device), keep=targets).to(z.dtype)
+        z = filter_logits(z, *filt.rows(len(z), z.device), keep=targets)  # keeps fp32 (fp64)
     return torch.log_softmax(z, dim=-1)  # one fused pass, cheaper than logsumexp and a subtraction
 
 
