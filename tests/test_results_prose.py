@@ -672,6 +672,8 @@ def test_part_10_quotes_the_fidelity_record():
                    f"cosine {co['cos']:.3f} with recompute's update ({row['coupled', 'A>0']['cos']:.3f} on the A > 0 "
                    f"tokens, {row['coupled', 'A<0']['cos']:.3f} on A < 0), KL {co['kl']:.1e}"):
         assert normal(quoted) in text, quoted
+    method_when = normal(section("docs/training.md#Which proximal method when"))
+    assert f"A-3PO's update is recompute's to a cosine of {ll['cos']:.4f}" in method_when
     recompute = row["recompute", "all"]["stats"]
     assert all(recompute[k] == 0 for k in ("loss/clipped_frac", "loss/dual_clipped_frac", "loss/behav_capped_frac"))
     assert all(row[arm, "all"]["cos"] == 1.0 and row[arm, "all"]["rel_err"] == 0.0
