@@ -9,6 +9,7 @@ are those of the renormalised distribution that was sampled.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -61,6 +62,31 @@ def test_logprobs_match_training_engine_fp32(tiny, forward):
     m = batch.loss_mask
     assert m.sum() >= 30
     assert (logp[m] - batch.logp_behav[m]).abs().max() < 1e-4
+
+
+def test_top_logprobs_are_the_most_likely_tokens_of_the_distribution_each_token_was_drawn_from(tiny, forward):
+    """Asked for, each token's k alternatives: sorted, greedy at temperature 1 the model's own top k by a forward
+    pass (within fp32 tolerance) with the chosen token first at its recorded log-prob; with top-k 3 only the
+    three tokens the filter kept, renormalised. Not asked for: none, and the same tokens."""
+    model, tok = tiny
+    p = prompts(tok, 1)[0]
+    outs = {c.rid: c for c in generate(engine_for(model, tok, forward), [
+        GenerationRequest(p, 6, rid="top", greedy=True, top_logprobs=5),
+        GenerationRequest(p, 6, rid="plain", greedy=True),
+        GenerationRequest(p, 6, rid="filtered", temperature=0.7, top_k=3, seed=1, top_logprobs=5)])}
+    top, plain, filtered = outs["top"], outs["plain"], outs["filtered"]
+    assert plain.output_top_logprobs == [] and plain.output_ids == top.output_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([p + top.output_ids])).logits[0, len(p) - 1:-1].float(), -1)
+    assert len(top.output_top_logprobs) == len(top.output_ids) == 6
+    for alts, chosen, lp, row in zip(top.output_top_logprobs, top.output_ids, top.output_logprobs, ref):
+        ids, lps = [t for t, _ in alts], torch.tensor([x for _, x in alts])
+        assert ids[0] == chosen and lps[0].item() == lp and torch.all(lps[:-1] >= lps[1:])
+        assert ids == row.topk(5).indices.tolist() and torch.allclose(lps, row.topk(5).values, atol=1e-4)
+        assert lps.exp().sum() <= 1 + 1e-6
+    for alts, chosen, lp in zip(filtered.output_top_logprobs, filtered.output_ids, filtered.output_logprobs):
+        assert len(alts) == 3 and dict(alts)[chosen] == lp  # the drawn token among them, at its recorded log-prob
+        assert abs(sum(math.exp(x) for _, x in alts) - 1) < 1e-5
 
 
 def test_greedy_equals_model_generate(tiny, forward):

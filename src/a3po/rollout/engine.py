@@ -37,6 +37,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop strings, matched on the decoded output
     seed: int | None = None  # fixes this request's samples whatever else runs beside it
     session: Hashable | None = None  # an episode's id: its KV cache is kept after it finishes, for its next turn
+    top_logprobs: int = 0  # per token, this many most likely alternatives from the distribution it was drawn from
 
 
 @dataclass
@@ -46,6 +47,9 @@ class Completion:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_versions: list[int] = field(default_factory=list)
+    # per token when the request asked for top_logprobs: (token id, log-prob) most likely first, from the same
+    # distribution as output_logprobs (tokens the filters gave no mass are left out); empty otherwise
+    output_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" or "length"
     prefilled: int = 0  # prompt tokens computed when it started (the rest came from a kept KV cache)
 

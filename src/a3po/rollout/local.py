@@ -47,7 +47,7 @@ from a3po.config.choices import AUTO, Forward
 from a3po.rollout import kv_decoder
 from a3po.rollout.engine import Completion, GenerationRequest
 from a3po.rollout.hf_forward import HFForward
-from a3po.rollout.sampling import sample
+from a3po.rollout.sampling import alternatives, distribution, draw
 
 
 @dataclass
@@ -147,14 +147,16 @@ class LocalEngine:
         self._admit()
         if not self._running:
             return []
-        tokens, logps = self._sample()
+        tokens, logps, tops = self._sample()
         finished, keep = [], []
-        rows = zip(self._running, tokens.tolist(), logps.tolist(), self._logits_version.tolist())
-        for i, (r, tok, lp, ver) in enumerate(rows):
+        rows = zip(self._running, tokens.tolist(), logps.tolist(), self._logits_version.tolist(), tops)
+        for i, (r, tok, lp, ver, top) in enumerate(rows):
             c = r.completion
             c.output_ids.append(tok)
             c.output_logprobs.append(lp)
             c.output_versions.append(ver)
+            if r.request.top_logprobs:
+                c.output_top_logprobs.append(top)
             if tok in r.stop_ids or self._hit_stop_string(r):
                 c.finish_reason = "stop"
             elif len(c.output_ids) >= r.request.max_new_tokens:
@@ -225,11 +227,14 @@ class LocalEngine:
         self._logits, self._logits_version = logits, versions
         self._running.extend(new)
 
-    def _sample(self) -> tuple[Tensor, Tensor]:
+    def _sample(self) -> tuple[Tensor, Tensor, list[tuple[tuple[int, float], ...]]]:
+        """Each row's token, its log-prob, and the alternatives its request asked for (empty for the others)."""
         rs = [r.request for r in self._running]
-        return sample(self._logits, torch.tensor([r.temperature for r in rs]), torch.tensor([r.top_k for r in rs]),
-                      torch.tensor([r.top_p for r in rs]), torch.tensor([r.greedy for r in rs]),
-                      [r.generator for r in self._running], torch.tensor([r.min_p for r in rs]))
+        greedy = torch.tensor([r.greedy for r in rs])
+        p = distribution(self._logits, torch.tensor([r.temperature for r in rs]), torch.tensor([r.top_k for r in rs]),
+                         torch.tensor([r.top_p for r in rs]), greedy, torch.tensor([r.min_p for r in rs]))
+        tokens, logps = draw(p, greedy, [r.generator for r in self._running])
+        return tokens, logps, alternatives(p, [r.top_logprobs for r in rs])
 
     def _hit_stop_string(self, r: _Running) -> bool:
         if not r.request.stop or self.decode is None:

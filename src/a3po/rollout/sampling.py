@@ -12,6 +12,10 @@ sums and the BLOCK tokens of one block in float64. A float64 cumulative sum over
 vocabulary per row per step cost more than the rest of sampling together. The log-prob is
 log p of the drawn token, whose fp32 relative rounding (1e-7) is far below anything that
 matters to an importance weight.
+
+`sample` is `distribution` then `draw`; an engine that was asked for a request's most likely
+alternatives (`top_logprobs`) reads them from the same p with `alternatives`, for that
+request's rows only and only on steps where one asked, so sampling without them costs nothing more.
 """
 
 from __future__ import annotations
@@ -28,12 +32,25 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, gr
            generators: list[torch.Generator], min_p: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One token per row and its log-prob: (B,) long, (B,) float. Greedy rows take the argmax of
     the raw logits and report the raw model's log-prob (their temperature and filters unused)."""
-    min_p = torch.zeros(len(generators)) if min_p is None else min_p
+    return draw(distribution(logits, temperature, top_k, top_p, greedy, min_p), greedy, generators)
+
+
+def distribution(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, greedy: Tensor,
+                 min_p: Tensor | None = None) -> Tensor:
+    """(B, V) fp32 probabilities each row's token is drawn from: temperature, then the filters; a greedy row's is
+    the raw model's (its argmax is the token)."""
+    min_p = torch.zeros(len(greedy)) if min_p is None else min_p
     on, temperature, top_k, top_p, min_p = (t.to(logits.device) for t in (greedy, temperature, top_k, top_p, min_p))
     t = temperature.masked_fill(on, 1.0)
     z = logits.float() / t[:, None] if (t != 1).any() else logits
     z = filter_logits(z, top_k.masked_fill(on, 0), top_p.masked_fill(on, 1.0), min_p.masked_fill(on, 0.0))
-    p = torch.softmax(z, dim=-1, dtype=torch.float32)  # (B, V), one fused pass
+    return torch.softmax(z, dim=-1, dtype=torch.float32)  # one fused pass
+
+
+def draw(p: Tensor, greedy: Tensor, generators: list[torch.Generator]) -> tuple[Tensor, Tensor]:
+    """One token per row of `distribution`'s p, by inverse CDF with one uniform from the row's generator (the
+    argmax on greedy rows), and log p of it."""
+    on = greedy.to(p.device)
     B, V = p.shape
     pad = -V % BLOCK
     blocks = (torch.nn.functional.pad(p, (0, pad)) if pad else p).view(B, -1, BLOCK)
@@ -51,3 +68,15 @@ def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, gr
     chosen = p.gather(1, tokens[:, None])[:, 0]
     return tokens, torch.log(chosen)
 
+
+def alternatives(p: Tensor, ks: list[int]) -> list[tuple[tuple[int, float], ...]]:
+    """Row i's ks[i] most likely tokens under `distribution`'s p, most likely first, with their log-probs (the
+    log of the same p a drawn token's log-prob is read from, so a chosen token among them has the same value).
+    Tokens the filters left no mass are not alternatives: a row may get fewer than it asked for."""
+    k = max(ks)
+    if k == 0:
+        return [() for _ in ks]
+    values, ids = torch.topk(p, min(k, p.shape[-1]), dim=-1)
+    logs = torch.log(values).tolist()
+    return [tuple((t, lp) for t, lp, v in zip(ids[i, :n].tolist(), logs[i][:n], values[i, :n].tolist()) if v > 0)
+            for i, n in enumerate(ks)]

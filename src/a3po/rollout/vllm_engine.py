@@ -5,8 +5,9 @@ The engine runs in this process (no engine-core process of its own) and is drive
 the local engine. What the trainer needs of it, and how vLLM gives it:
 
 - behaviour log-probs of the distribution a token was drawn from: the engine starts with
-  `logprobs_mode="processed_logprobs"` (temperature applied) and every request asks for
-  the sampled token's log-prob;
+  `logprobs_mode="processed_logprobs"` (temperature and top-k/top-p applied) and every
+  request asks for the sampled token's log-prob; a request with `top_logprobs` k asks for
+  vLLM's k most likely tokens of that same distribution too (only then: the others ask for 0);
 - per-token versions across in-flight weight updates: an update pauses the scheduler
   keeping its requests, reloads, sets the version and resumes, dropping the KV cache first
   under `rollout.weight_update=reprefill` (requests in flight are recomputed on the new
@@ -101,7 +102,7 @@ class VLLMEngine:
         if not request.prompt_ids:
             raise ValueError(f"request {request.rid!r} has an empty prompt")
         params = self._vllm.SamplingParams(
-            n=1, max_tokens=request.max_new_tokens, seed=request.seed, logprobs=0,
+            n=1, max_tokens=request.max_new_tokens, seed=request.seed, logprobs=request.top_logprobs,
             temperature=0.0 if request.greedy else request.temperature, top_p=request.top_p, top_k=request.top_k,
             min_p=request.min_p,
             stop=list(request.stop) or None, stop_token_ids=[*self._eos, *request.stop_token_ids] or None,
@@ -129,6 +130,8 @@ class VLLMEngine:
                 request.rid, list(request.prompt_ids), ids, [o.logprobs[i][t].logprob for i, t in enumerate(ids)],
                 versions, finish_reason="length" if o.finish_reason == "length" else "stop",
                 prefilled=len(request.prompt_ids) - (out.num_cached_tokens or 0),
+                output_top_logprobs=[top_of(o.logprobs[i], request.top_logprobs) for i in range(len(ids))]
+                if request.top_logprobs else [],
             ))
         return done
 
@@ -170,6 +173,14 @@ class VLLMEngine:
         for folder in (self._weights_dir, self._model_dir):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def top_of(logprobs: Mapping, k: int) -> tuple[tuple[int, float], ...]:
+    """The k most likely of one position's log-probs as vLLM reports them (its top k and the sampled token, of the
+    processed distribution), most likely first; tokens the filters gave no mass (-inf) left out, as the local
+    engine leaves them out."""
+    ranked = sorted(((int(t), float(lp.logprob)) for t, lp in logprobs.items()), key=lambda x: -x[1])
+    return tuple((t, lp) for t, lp in ranked[:k] if lp != float("-inf"))
 
 
 def token_versions(spans: Iterable[tuple[str | int, int, int]], n_tokens: int,
