@@ -139,10 +139,12 @@ async def huge_beside_small(example, client):
 
 
 async def calls_a_tool(example, client):
-    """One function tool; the call the reply makes is answered with a tool message: 1 if it was `add`."""
+    """One function tool (its first request with the example's tool_choice, if any); the call the reply makes is
+    answered with a tool message: 1 if it was `add`."""
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     first = [{"role": "user", "content": example.question}]
-    a = await client.chat.completions.create(model="policy", messages=first, tools=tools, max_tokens=48)
+    choice = {"tool_choice": example.meta["tool_choice"]} if "tool_choice" in example.meta else {}
+    a = await client.chat.completions.create(model="policy", messages=first, tools=tools, max_tokens=48, **choice)
     said = a.choices[0].message
     if a.choices[0].finish_reason != "tool_calls" or not said.tool_calls:
         return 0.0

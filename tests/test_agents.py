@@ -26,7 +26,7 @@ from a3po.rollout.episodes import Turns
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.prompts import encode_messages
 from a3po.serving.http import ChatServer
-from a3po.serving.protocol import ChatRequest, chat_completion
+from a3po.serving.protocol import BadRequest, ChatRequest, chat_completion
 
 pytestmark = pytest.mark.slow
 QUESTION = "What is 3 + 4?"
@@ -369,42 +369,86 @@ def test_tool_calls_are_read_from_the_reply_text_and_the_tokens_stay_as_generate
     for request, fmt in ((refused, "hermes"), (ChatRequest([]), "hermes"), (asked, None)):
         got, choice = reply(text, request, fmt)
         assert choice["message"]["content"] == text and "tool_calls" not in choice["message"]
+    # a forced call (tool_choice required or named): its opening is prompt, the reply is read from it and the rest
+    named, required = (ChatRequest([], tools=tools, tool_choice="function", tool_name="add"),
+                       ChatRequest([], tools=tools, tool_choice="required"))
+    got, choice = reply('{"a": 1}}\n</tool_call>', named)
+    assert [(c.name, json.loads(c.arguments)) for c in got.tool_calls] == [("add", {"a": 1})]
+    assert choice["finish_reason"] == "tool_calls" and not got.malformed_tool_call
+    got, _ = reply('sub", "arguments": {}}</tool_call>', required)
+    assert [c.name for c in got.tool_calls] == ["sub"]  # required forces a call, the model names it
+    got, choice = reply("no call here", named)  # a continuation that is no call: text, counted, no error
+    assert got.malformed_tool_call and choice["message"]["content"] == '<tool_call>\n{"name": "add", "arguments": ' \
+        "no call here" and choice["finish_reason"] == "stop"
+    with pytest.raises(BadRequest, match="tool-call format"):
+        reply("x", required, None)
 
 
 HERMES = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
           "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # Hermes calls, tools not shown
 CALL = '<tool_call>{"name": "add"}</tool_call>'
+FORCED = '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>'  # as Qwen's templates write a call
+NAMED = {"type": "function", "function": {"name": "add"}}
 
 
 def test_a_tool_call_comes_back_as_tool_calls_and_its_echo_continues_the_row(tiny):
     """The tiny model taught, by a few supervised steps, to answer in the Hermes format its template shows: the
     reply is tool_calls; the agent's next request carries that assistant message and a tool result, and continues
-    the same row, whose trained tokens are exactly the two completions' ids."""
+    the same row, whose trained tokens are exactly the two completions' ids. With tool_choice "required" or
+    naming `add`, the call's opening is prompt (mask 0, never sampled), the model's continuation of it is the
+    generated tokens, and the echo of the call still continues the row."""
+    from a3po.serving.toolcalls import call_opening
+
     model, tok = tiny[0], copy.deepcopy(tiny[1])
     tok.chat_template = HERMES
     prompt = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
                                      tokenize=False)
-    ids = tok.encode(prompt + CALL, add_special_tokens=False) + [tok.eos_token_id]
-    n_prompt = len(tok.encode(prompt, add_special_tokens=False))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    prompt_ids = tok.encode(prompt, add_special_tokens=False)
+    forced = {name: tok.encode(call_opening("hermes", name), add_special_tokens=False) for name in (None, "add")}
+    # taught: the plain reply CALL, and FORCED's rest after the opening "required" forces (named's is longer)
+    taught = [prompt_ids + tok.encode(CALL, add_special_tokens=False),
+              prompt_ids + forced[None] + tok.encode(FORCED[len(call_opening("hermes", None)):],
+                                                     add_special_tokens=False)]
+    taught = [t + [tok.eos_token_id] for t in taught]
+    width = max(map(len, taught))
+    batch = torch.tensor([t + [tok.eos_token_id] * (width - len(t)) for t in taught])
+    learn = torch.zeros(len(taught), width - 1, dtype=torch.bool)
+    for i, (t, start) in enumerate(zip(taught, (len(prompt_ids), len(prompt_ids) + len(forced[None])))):
+        learn[i, start - 1:len(t) - 1] = True
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     for _ in range(40):
-        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
-        loss = -logp.gather(-1, torch.tensor(ids[1:])[:, None])[n_prompt - 1:].mean()
+        logp = torch.log_softmax(model(batch).logits[:, :-1].float(), -1)
+        loss = -logp.gather(-1, batch[:, 1:, None])[..., 0][learn].mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     h = Harness((model, tok), max_new_tokens=48)
     try:
-        generated = []
+        generated = {}
         h.runner.start(("g", 1), Example(QUESTION, "7", 1, {"agent": "calls_a_tool"}), seed=1, greedy=True)
-        ep = h.run(lambda c: generated.append(c.output_ids))[1]
+        ep = h.run(lambda c: generated.setdefault(1, []).append(c))[1]
         cut = len(tok.encode('<tool_call>{"name', add_special_tokens=False))  # the call opened, never closed
         h.runner.start(("g", 2), Example(QUESTION, "7", 2, {"agent": "cuts_its_call", "max_tokens": cut}), seed=2,
                        greedy=True)
         short = h.run()[2]
+        for n, choice in ((3, "required"), (4, NAMED)):
+            h.runner.start(("g", n), Example(QUESTION, "7", n, {"agent": "calls_a_tool", "tool_choice": choice}),
+                           seed=n, greedy=True)
+            forced_ep = h.run(lambda c, n=n: generated.setdefault(n, []).append(c))[n]
+            assert forced_ep.failure is None and forced_ep.reward == 1.0 and forced_ep.calls == 2, n
+            assert forced_ep.tool_calls == 1 and forced_ep.malformed_tool_calls == 0
+            [t] = h.rows(forced_ep)  # the echo of the forced call continued the row
+            opening = forced[None if choice == "required" else "add"]
+            first, second = generated[n]
+            assert first.prompt_ids == prompt_ids + opening and t.prompt_ids == first.prompt_ids  # prompt: mask 0
+            assert tok.decode(opening + first.output_ids, skip_special_tokens=True) == FORCED
+            trained = [(i, lp) for i, lp, m in zip(t.output_ids, t.output_logprobs, t.output_mask) if m]
+            assert trained == list(zip(first.output_ids + second.output_ids,
+                                       first.output_logprobs + second.output_logprobs))  # exactly what was sampled
     finally:
         h.close()
+    generated = [c.output_ids for c in generated[1]]
     assert tok.decode(generated[0], skip_special_tokens=True) == CALL  # the taught answer, as tokens
     assert ep.failure is None and ep.reward == 1.0 and ep.calls == 2, (ep.failure, ep.reward)
     assert (h.rows(ep)[0].episode.tool_calls, h.rows(ep)[0].episode.malformed_tool_calls) == (1, 0)

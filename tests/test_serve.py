@@ -3,6 +3,7 @@ client, raw HTTP and a3po's own judge client."""
 
 import http.client
 import json
+import math
 import re
 import select
 import socket
@@ -48,6 +49,14 @@ def test_the_openai_client_lists_the_model_and_gets_completions(tiny_server):
     assert a.choices[0].message.content == b.choices[0].message.content  # a seed fixes the sample
     lps = [t.logprob for t in a.choices[0].logprobs.content]
     assert len(lps) == a.usage.completion_tokens and all(lp <= 0 for lp in lps)
+    top = client.chat.completions.create(**seeded, top_logprobs=4).choices[0].logprobs.content
+    assert [t.logprob for t in top] == lps  # the same sample: asking for alternatives changes nothing else
+    for t in top:  # each token's 4 most likely, sorted, from the distribution the token was drawn from
+        alts = [a.logprob for a in t.top_logprobs]
+        assert len(alts) == 4 and alts == sorted(alts, reverse=True) and sum(math.exp(a) for a in alts) <= 1 + 1e-6
+        assert t.logprob <= alts[0] + 1e-6
+    greedy = client.chat.completions.create(**ask, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert all(t.logprob == t.top_logprobs[0].logprob for t in greedy)  # the argmax: the most likely alternative
 
 
 def test_concurrent_requests_are_all_answered(tiny_server):
@@ -65,6 +74,11 @@ def test_concurrent_requests_are_all_answered(tiny_server):
     assert all(o is not None and o.usage.completion_tokens >= 1 for o in out)
 
 
+# a request offering one tool, less its closing brace
+_ADD = (b'{"messages": [{"role": "user", "content": "x"}], '
+        b'"tools": [{"type": "function", "function": {"name": "add"}}], ')
+
+
 @pytest.mark.parametrize("body, why", [
     (b"{not json", "not JSON"),
     (b"[1, 2]", "JSON list"),
@@ -77,10 +91,15 @@ def test_concurrent_requests_are_all_answered(tiny_server):
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream='yes'"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": true, "stream_options": 3}', "stream_options"),
     (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop="),
-    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', "top_logprobs=3 is not served"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}', "limit of 20"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', "top_logprobs=3 needs logprobs=true"),
     (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
      'response_format={"type": "json_object"} is not served'),
-    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice=\"required\""),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "offers no tools"),
+    (_ADD + b'"tool_choice": {"type": "function", "function": {"name": "sub"}}}',
+     "tool 'sub', which is not among the request's tools ('add')"),
+    (_ADD + b'"tool_choice": "required"}', "tool-call format"),  # the tiny model's template shows none
+    (_ADD + b'"tool_choice": "any"}', "tool_choice:"),
     (b'{"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}', "frequency_penalty=0.5"),
     (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}', "logit_bias="),
 ])
@@ -152,11 +171,14 @@ def test_completions_take_a_prompt_as_text_or_token_ids(tiny_server, _tiny):
     sampled = client.completions.create(prompt="One,", model="tiny", max_tokens=4, n=3, seed=1, logprobs=1)
     assert [c.index for c in sampled.choices] == [0, 1, 2]
     assert all(len(c.logprobs.token_logprobs) == len(c.logprobs.tokens) >= 1 for c in sampled.choices)
+    top = client.completions.create(prompt="One,", **ask, logprobs=3).choices[0].logprobs
+    for token, lp, alts in zip(top.tokens, top.token_logprobs, top.top_logprobs):  # greedy: the chosen is the top
+        assert 1 <= len(alts) <= 4 and alts[token] == lp == max(alts.values())  # texts may coincide
     chunks = list(client.completions.create(prompt="One, two, three,", stream=True, **ask))
     assert "".join(c.choices[0].text for c in chunks) == text.choices[0].text
     for body, why in ((b'{"prompt": "x", "echo": true}', "echo=true"), (b'{"prompt": "x", "best_of": 3}', "best_of=3"),
                       (b'{"prompt": ["x", "y"]}', "one prompt a request"), (b'{"prompt": [99999999]}', "vocabulary"),
-                      (b'{"prompt": "x", "logprobs": 5}', "logprobs=5"), (b'{"messages": []}', "prompt:"),
+                      (b'{"prompt": "x", "logprobs": 21}', "limit of 20"), (b'{"messages": []}', "prompt:"),
                       (b'{"prompt": [1, -2]}', "prompt:")):
         status, data = post(tiny_server, "/v1/completions", body)
         assert status == 400 and why in data["error"]["message"], (body, data)

@@ -12,8 +12,11 @@ are batched continuously; temperature 0 decodes greedily; a request's `seed` fix
 a `max_tokens` above --max-tokens is a 400 naming the limit. When the request offers tools and
 the model's chat template writes a known tool-call format (serving/toolcalls.py), calls in a
 reply come back as `tool_calls` (--tool-call-format names the format where the template
-does not show it, or `none` to return replies as text). A request's prompt is rendered and tokenised on its own
-request thread, so a long one never holds up the engine loop and the replies of the others.
+does not show it, or `none` to return replies as text); `tool_choice` "required" or a named
+function puts the opening of a call after the prompt, so the reply is one (rollout/chat.py,
+`forced_call`). `top_logprobs` k gives each token's k most likely alternatives. A request's
+prompt is rendered and tokenised on its own request thread, so a long one never holds up the
+engine loop and the replies of the others.
 The first line on stdout names the URL once the model is loaded (port 0 picks a free port),
 so a script can wait for it. Ctrl-C or SIGTERM stops it.
 """
@@ -63,21 +66,23 @@ class EngineLoop:
 
     def answer(self, route: str | None, request: ChatRequest) -> list[ChatReply]:
         """Called on the server's request thread: the prompt's ids are made here, then the loop generates."""
+        from a3po.rollout.chat import forced_ids
         from a3po.rollout.prompts import encode_within
 
         check_max_tokens(request, self.max_tokens, "a3po serve --max-tokens")
         if request.is_text:
             return self.chat.ask(route, request, self._prompt_ids(request.prompt))
+        forced = forced_ids(self.tok, self.tool_format, request)  # a required or named call's opening, as prompt
         try:
             text = self.tok.apply_chat_template(request.messages, tools=request.tools, add_generation_prompt=True,
                                                 tokenize=False)
         except Exception as e:  # the template's own error (a role order it refuses, a bad tool)
             raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
-        ids = encode_within(self.tok, text, self.max_context, self.per_token)
+        ids = encode_within(self.tok, text, self.max_context - len(forced), self.per_token)
         if ids is None:
             raise BadRequest(f"the messages do not fit this model's context of {self.max_context} tokens "
                              "with room for a reply; send a shorter conversation")
-        return self.chat.ask(route, request, ids)
+        return self.chat.ask(route, request, ids + forced)
 
     def _prompt_ids(self, prompt: str | tuple[int, ...]) -> list[int]:
         """A completions prompt's ids: the text tokenised as it is, or the ids checked against the vocabulary."""
@@ -114,7 +119,8 @@ class EngineLoop:
         self._waiting[self._n] = p
         self.engine.submit(GenerationRequest(
             ids, min(r.max_tokens or self.max_tokens, self.max_context - len(ids)), rid=self._n,
-            temperature=r.temperature or 1.0, top_p=r.top_p, greedy=r.temperature == 0, stop=r.stop, seed=r.seed))
+            temperature=r.temperature or 1.0, top_p=r.top_p, greedy=r.temperature == 0, stop=r.stop, seed=r.seed,
+            top_logprobs=r.top_logprobs))
 
 
 def build_engine(args: ServeArgs):

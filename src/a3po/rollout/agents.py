@@ -25,6 +25,10 @@ made), so a long request never holds up the engine or the other episodes' replie
 are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
 message carrying them, sent back, matches the reply it came from, and the template's delta is
 taken around the text the model generated (its call text included), never re-rendered calls.
+A `tool_choice` "required" or naming a function appends the opening of a call to the prompt
+(rollout/chat.py, `forced_call`): in the row those ids are prompt, mask 0 like all the agent
+sent, and the reply is read from them and the tokens generated after them; its echo continues
+the row like any reply's.
 A request for `n` choices arrives as n requests in flight at once (rollout/chat.py), so each
 choice is a branch row. A completions request (a prompt the agent rendered) continues the row
 whose earlier completion prompt and reply it starts with: as ids, the row's ids themselves
@@ -54,7 +58,7 @@ from dataclasses import dataclass, field
 from a3po.config.choices import AUTO
 from a3po.data import Example
 from a3po.episode_end import EpisodeEnd
-from a3po.rollout.chat import ChatQueue, Pending, reply_of
+from a3po.rollout.chat import ChatQueue, Pending, forced_ids, reply_of
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.episodes import Turns
 from a3po.rollout.groups import Gathering, Group
@@ -312,7 +316,9 @@ class AgentRunner:
                 job.row, job.mark, job.ids = self._text_prompt(job.marks, r.prompt)
             else:
                 job.key = _key(r.messages, r.tools)
-                job.row, job.mark, job.ids = self._prompt(job.marks, job.key, r.messages, r.tools)
+                forced = forced_ids(self.tok, self.tool_format, r)  # a required or named call's opening: prompt
+                job.row, job.mark, job.ids = self._prompt(job.marks, job.key, r.messages, r.tools, len(forced))
+                job.ids += forced
         except BadRequest as e:
             job.error = e
         except Exception as e:  # noqa: BLE001 - a tokenizer's own failure fails this request, not the loop
@@ -358,13 +364,14 @@ class AgentRunner:
         self.engine.submit(GenerationRequest(
             ids, min(r.max_tokens or t.max_new_tokens, t.max_new_tokens, t.max_context - len(ids)), rid=rid,
             temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, min_p=t.min_p, greedy=ep.greedy,
-            stop=(*t.stop, *r.stop), seed=ep.seed * 64 + ep.calls, session=(job.eid, i)))
+            stop=(*t.stop, *r.stop), seed=ep.seed * 64 + ep.calls, session=(job.eid, i), top_logprobs=r.top_logprobs))
 
     def _prompt(self, marks: list[tuple[int, int, Mark]], key: tuple, messages: list[dict],
-                tools) -> tuple[int, int, list[int]]:
+                tools, room: int = 0) -> tuple[int, int, list[int]]:
         """(row, mark, ids after the mark's n_ids): the template's delta after the longest earlier conversation the
-        request continues, else (-1, -1, the messages rendered whole) for a new row. Either way the prompt fits
-        train_dataset.max_context_tokens with room for a reply, or it is a BadRequest."""
+        request continues, else (-1, -1, the messages rendered whole) for a new row. Either way the prompt and
+        `room` more ids (a forced call's opening) fit train_dataset.max_context_tokens with room for a reply, or it
+        is a BadRequest."""
         best = None
         for i, j, mark in marks:
             if len(mark.key) < len(key) and key[:len(mark.key)] == mark.key and \
@@ -372,14 +379,14 @@ class AgentRunner:
                 best = (i, j, mark)
         if best is not None:
             i, j, mark = best
-            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos, mark.n_ids)
+            delta = self._delta(messages, len(mark.key) - 1, tools, mark.ended_by_eos, mark.n_ids + room)
             if delta is not None:
                 return i, j, delta
         try:
             text = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # the template's own error (a role order it refuses)
             raise BadRequest(f"the model's chat template cannot render these messages: {e}") from None
-        return -1, -1, self._fit(text, 0)
+        return -1, -1, self._fit(text, room)
 
     def _text_prompt(self, marks: list[tuple[int, int, Mark]], prompt: str) -> tuple[int, int, list[int]]:
         """A completions prompt given as text: (row, mark, the ids of the text after the mark's) when it starts with

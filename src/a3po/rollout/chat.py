@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from a3po.rollout.engine import Completion
 from a3po.serving.http import Unavailable
-from a3po.serving.protocol import ChatReply, ChatRequest
-from a3po.serving.toolcalls import read_tool_calls
+from a3po.serving.protocol import BadRequest, ChatReply, ChatRequest
+from a3po.serving.toolcalls import call_opening, read_tool_calls
 
 
 @dataclass
@@ -96,16 +96,42 @@ class ChatQueue:
             p.fail(Unavailable("the server is stopping"))
 
 
+def forced_call(tool_format: str | None, request: ChatRequest) -> str:
+    """The text put after a chat request's prompt so that its reply is a tool call: the opening of a call in
+    `tool_format` for tool_choice "required" or a named function, "" for the other choices. These tokens are
+    prompt (the model conditions on them; they are never sampled, so never trained), and the reply is read from
+    them and the generated text together. BadRequest when the model's format is not known."""
+    if request.is_text or request.tool_choice not in ("required", "function"):
+        return ""
+    if tool_format is None:
+        shown = '"required"' if request.tool_choice == "required" else f"naming {request.tool_name!r}"
+        raise BadRequest(f"tool_choice {shown} needs the model's tool-call format, and its chat template shows none "
+                         "this server reads; name it (a3po serve --tool-call-format, "
+                         "train_dataset.tool_call_format), or send tool_choice auto")
+    return call_opening(tool_format, request.tool_name)
+
+
+def forced_ids(tokenizer, tool_format: str | None, request: ChatRequest) -> list[int]:
+    """`forced_call`'s text as token ids, to append to the request's prompt ids."""
+    text = forced_call(tool_format, request)
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
+
+
 def reply_of(c: Completion, tokenizer, request: ChatRequest, stop: tuple[str, ...] = (),
              tool_format: str | None = None) -> ChatReply:
     """The reply for a finished completion: its text without special tokens, cut before the stop string that
-    ended it (the protocol's replies never hold it; the tokens keep it), per-token log-probs if asked, and the
-    tool calls the text holds in `tool_format` when the request offered tools and did not say tool_choice "none"
-    (a reading of the text: the tokens stay as generated)."""
+    ended it (the protocol's replies never hold it; the tokens keep it), per-token log-probs (and alternatives)
+    if asked, and the tool calls the text holds in `tool_format` when the request offered tools and did not say
+    tool_choice "none" (a reading of the text: the tokens stay as generated). A forced call's opening (in the
+    prompt, `forced_call`) is read as the start of the reply's text: a continuation that makes no call is that
+    text whole, counted malformed."""
     text = tokenizer.decode(c.output_ids, skip_special_tokens=True)
     if c.finish_reason == "stop":
         text = text[:min([i for s in stop if (i := text.find(s)) >= 0], default=len(text))]
-    view = read_tool_calls(tool_format if request.tools and request.tool_choice != "none" else None, text)
+    view = read_tool_calls(tool_format if request.tools and request.tool_choice != "none" else None,
+                           forced_call(tool_format, request) + text)
     texts = [tokenizer.decode([t]) for t in c.output_ids] if request.logprobs else []
+    top = [tuple((tokenizer.decode([t]), lp) for t, lp in alts) for alts in c.output_top_logprobs] \
+        if request.logprobs and request.top_logprobs else []
     return ChatReply(view.content, c.finish_reason, len(c.prompt_ids), len(c.output_ids), texts,
-                     list(c.output_logprobs) if request.logprobs else [], view.calls, view.malformed)
+                     list(c.output_logprobs) if request.logprobs else [], top, view.calls, view.malformed)

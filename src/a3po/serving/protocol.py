@@ -39,6 +39,7 @@ AS_ROLE = {"developer": "system"}  # the newer name for the system role; chat te
 MAX_BODY_BYTES = 8 << 20
 MAX_CHOICES = 16  # `n`: samples of one prompt per request
 MAX_PROMPT_IDS = 1 << 20  # a completions prompt given as ids: far past any context, refused before it is read
+MAX_TOP_LOGPROBS = 20  # alternatives per token (`top_logprobs`; `logprobs` on the completions route)
 MAX_NESTING = 64  # JSON arrays and objects inside one another: tool schemas nest, but not this deep
 _TOO_DEEP = f"the body's JSON is nested deeper than {MAX_NESTING} levels; send a flatter request"
 
@@ -53,11 +54,7 @@ def _off(value: Any) -> bool:
 
 # field -> (whether its value asks for nothing this server would have to do, what to send instead)
 UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "top_logprobs": (_off, "leave it unset or 0; logprobs=true gives each chosen token's log-prob"),
     "response_format": (lambda v: _off(v) or v == {"type": "text"}, "leave it unset: replies are free text"),
-    "tool_choice": (lambda v: v in (None, "auto", "none"),
-                    "send 'auto' or 'none' (or leave it unset): nothing makes the model write a call, so a "
-                    "required or named one cannot be promised"),
     "frequency_penalty": (_off, "leave it unset or 0"),
     "presence_penalty": (_off, "leave it unset or 0"),
     "logit_bias": (_off, "leave it unset"),
@@ -69,11 +66,14 @@ UNSERVED: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 # the completions route's own fields, refused the same way
 UNSERVED_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "top_logprobs": (_off, f"send logprobs: k (0 to {MAX_TOP_LOGPROBS}) for each token's k most likely alternatives"),
+    "tool_choice": (lambda v: v in (None, "auto", "none"),
+                    "leave it unset: a completions prompt is the client's own, no call can be forced into it"),
     "echo": (_off, "leave it unset: the prompt is not sent back"),
     "suffix": (lambda v: v is None or v == "", "leave it unset: text after the completion is not served"),
     "best_of": (lambda v: v in (None, 1), "leave it unset or 1; n gives several samples"),
-    "logprobs": (lambda v: v in (None, 0, 1, False), "send 0 or 1 (the chosen tokens' log-probs) or leave it unset"),
 }
+TOOL_CHOICES = ("auto", "none", "required", "function")  # "function": one named tool, {"type": "function", ...}
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,9 @@ class ChatRequest:
     logprobs: bool = False
     tools: list[dict] | None = None
     model: str = ""
-    tool_choice: str = "auto"  # or "none": the reply's tool-call text is left as text
+    tool_choice: str = "auto"  # one of TOOL_CHOICES: "none" leaves the reply's call text as text
+    tool_name: str | None = None  # the tool a tool_choice "function" names
+    top_logprobs: int = 0  # per generated token, this many most likely alternatives (logprobs must be on)
     n: int = 1  # choices: each is sampled on its own
     stream: bool = False  # the reply as server-sent events (chunks), not one object
     include_usage: bool = False  # a stream's last chunk before [DONE] carries the usage
@@ -107,6 +109,7 @@ class ChatReply:
     completion_tokens: int
     token_texts: list[str] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
+    token_top: list[tuple[tuple[str, float], ...]] = field(default_factory=list)  # per token: (text, log-prob)
     tool_calls: tuple[ToolCall, ...] = ()  # read from the text (serving/toolcalls.py); text is then the rest
     malformed_tool_call: bool = False  # call text the model wrote that could not be read: returned as text
 
@@ -118,8 +121,12 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     tools = data.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise BadRequest("tools: a list of tool objects")
-    return ChatRequest(_messages(data.get("messages")), **fields, logprobs=bool(data.get("logprobs")), tools=tools,
-                       tool_choice=data.get("tool_choice") or "auto")
+    logprobs, top = bool(data.get("logprobs")), _top(data.get("top_logprobs"), "top_logprobs")
+    if top and not logprobs:
+        raise BadRequest(f"top_logprobs={top} needs logprobs=true; send both")
+    choice, name = _tool_choice(data.get("tool_choice"), tools)
+    return ChatRequest(_messages(data.get("messages")), **fields, logprobs=logprobs, tools=tools,
+                       tool_choice=choice, tool_name=name, top_logprobs=top)
 
 
 def parse_completion_request(body: bytes) -> ChatRequest:
@@ -136,8 +143,46 @@ def parse_completion_request(body: bytes) -> ChatRequest:
     elif not isinstance(prompt, str) or not prompt:
         raise BadRequest("prompt: one non-empty string or one non-empty list of token ids (one prompt a request; "
                          "n gives several samples of it)")
-    return ChatRequest([], **fields, logprobs=data.get("logprobs") is not None and data.get("logprobs") is not False,
+    logprobs = data.get("logprobs")
+    top = 0 if logprobs is None or isinstance(logprobs, bool) else _top(logprobs, "logprobs")
+    return ChatRequest([], **fields, logprobs=logprobs is not None and logprobs is not False, top_logprobs=top,
                        prompt=prompt)
+
+
+def _top(value: Any, key: str) -> int:
+    """A count of alternatives per token, checked against MAX_TOP_LOGPROBS."""
+    if value is None:
+        return 0
+    if not _is_int(value) or value < 0:
+        raise BadRequest(f"{key}={value!r}: an integer from 0 to {MAX_TOP_LOGPROBS}")
+    if value > MAX_TOP_LOGPROBS:
+        raise BadRequest(f"{key}={value} is more than this server's limit of {MAX_TOP_LOGPROBS} alternatives a "
+                         f"token; ask for at most {MAX_TOP_LOGPROBS}")
+    return value
+
+
+def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[str, str | None]:
+    """(one of TOOL_CHOICES, the named tool or None), checked against the tools the request offers."""
+    if value is None:
+        return "auto", None
+    if value in ("auto", "none"):
+        return value, None
+    names = [t["function"].get("name") for t in tools or () if isinstance(t.get("function"), dict)]
+    if value == "required":
+        if not names:
+            raise BadRequest('tool_choice="required" asks for a tool call and the request offers no tools; '
+                             "send tools, or leave tool_choice unset")
+        return value, None
+    function = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadRequest('tool_choice: "auto", "none", "required" or {"type": "function", "function": '
+                         '{"name": ...}}')
+    if name not in names:
+        offered = ", ".join(repr(n) for n in names) or "none"
+        raise BadRequest(f"tool_choice names the tool {name!r}, which is not among the request's tools ({offered}); "
+                         "name one of them")
+    return "function", name
 
 
 def _object(body: bytes, needs: str) -> dict:
@@ -265,8 +310,23 @@ def _choice(reply: ChatReply, index: int) -> dict:
 
 
 def _chat_logprobs(reply: ChatReply) -> dict:
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, lp in zip(reply.token_texts, reply.token_logprobs)]}
+    tops = reply.token_top or [()] * len(reply.token_texts)
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                         "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top]}
+                        for t, lp, top in zip(reply.token_texts, reply.token_logprobs, tops)]}
+
+
+def _text_top(reply: ChatReply) -> list[dict]:
+    """The completions route's top_logprobs: per token its alternatives by text, and the chosen token (as that
+    route always gave it), the most likely first where two tokens decode to one text."""
+    out = []
+    for k, (t, lp) in enumerate(zip(reply.token_texts, reply.token_logprobs)):
+        top: dict[str, float] = {}
+        for a, alp in (reply.token_top[k] if reply.token_top else ()):
+            top.setdefault(a, alp)
+        top.setdefault(t, lp)
+        out.append(top)
+    return out
 
 
 def _usage(replies: Sequence[ChatReply]) -> dict:
@@ -294,7 +354,7 @@ def text_completion(replies: Sequence[ChatReply], model: str) -> dict:
         if r.token_logprobs:
             offsets = [sum(len(t) for t in r.token_texts[:k]) for k in range(len(r.token_texts))]
             logprobs = {"tokens": r.token_texts, "token_logprobs": r.token_logprobs,
-                        "top_logprobs": [{t: lp} for t, lp in zip(r.token_texts, r.token_logprobs)],
+                        "top_logprobs": _text_top(r),
                         "text_offset": offsets}
         choices.append({"index": i, "text": r.text, "logprobs": logprobs, "finish_reason": r.finish_reason})
     return {**_head("text_completion", model), "choices": choices, "usage": _usage(replies)}

@@ -154,13 +154,25 @@ def _llama3(text: str) -> ToolView:
 class Format:
     marker: str  # a string the family's chat templates contain, and no other family's before it in FORMATS
     read: Callable[[str], ToolView]
+    call_head: str  # how a call opens, up to its name's value, as the family's templates render a call
+    arguments: str  # the key its templates put a call's arguments under
 
 
 FORMATS: dict[str, Format] = {  # ToolCallFormat.READ, in its order
-    ToolCallFormat.HERMES: Format("<tool_call>", _hermes),
-    ToolCallFormat.MISTRAL: Format(_TOOL_CALLS, _mistral),
-    ToolCallFormat.LLAMA3: Format('"parameters": ', _llama3),
+    ToolCallFormat.HERMES: Format("<tool_call>", _hermes, '<tool_call>\n{"name": ', "arguments"),
+    ToolCallFormat.MISTRAL: Format(_TOOL_CALLS, _mistral, _TOOL_CALLS + ' [{"name": ', "arguments"),
+    ToolCallFormat.LLAMA3: Format('"parameters": ', _llama3, '{"name": ', "parameters"),
 }
+
+
+def call_opening(fmt: str, name: str | None) -> str:
+    """The text a call in `fmt` opens with: up to the opening quote of its name (any tool), or with `name` written
+    and up to its arguments' value (that tool). A server puts it after the prompt so that the model's reply is
+    a call: `tool_choice` "required" or a named function."""
+    f = FORMATS[fmt]
+    if name is None:
+        return f.call_head + '"'
+    return f"{f.call_head}{json.dumps(name, ensure_ascii=False)}, \"{f.arguments}\": "
 
 
 def format_of(template: str | None) -> str | None:
