@@ -2,11 +2,12 @@
 tests/test_vllm.py: the engine itself and plain training on it).
 
 Proves: multi-turn episodes train on vLLM engines inside Ray actors; an agent's calls are served
-by vLLM; `a3po serve` answers the OpenAI client; `a3po bench rollout` times vLLM beside the
+by vLLM; `a3po serve` answers the OpenAI client (top_logprobs included); `a3po bench rollout` times vLLM beside the
 local engine; with LoRA the folded adapters reach vLLM.
 """
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,14 @@ def test_a3po_serve_on_vllm_answers_the_openai_client():
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         ask = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0)
         first, again = client.chat.completions.create(**ask), client.chat.completions.create(**ask)
+        top = client.chat.completions.create(**{**ask, "temperature": 0.8, "top_p": 0.9, "seed": 1}, logprobs=True,
+                                             top_logprobs=3).choices[0].logprobs.content
     assert first.choices[0].message.content == again.choices[0].message.content
     assert 1 <= first.usage.completion_tokens <= 8
+    for t in top:  # vLLM's alternatives of the distribution it sampled from (temperature and top-p applied)
+        alts = [a.logprob for a in t.top_logprobs]
+        assert 1 <= len(alts) <= 3 and alts == sorted(alts, reverse=True) and t.logprob <= alts[0] + 1e-6
+        assert sum(math.exp(a) for a in alts) <= 1 + 1e-5
 
 
 def test_bench_rollout_times_vllm_beside_the_local_engine_on_the_same_work(tmp_path):

@@ -3,23 +3,35 @@ a reply built, whole or as the chunks of a stream.
 
 Only what a chat client sends is read: `messages` (roles system, developer (read as system), user,
 assistant, tool; content a string, or a list of text parts), `max_tokens` / `max_completion_tokens`,
-`temperature`, `top_p`, `seed`, `stop`, `n` (up to MAX_CHOICES), `logprobs`, `stream` with
-`stream_options.include_usage`, and the tool-call fields (`tools`, an assistant message's
-`tool_calls`, a tool message's `tool_call_id`), which go to the model's chat template as they are;
-`tool_choice` "auto" or "none" (whether a reply's tool-call text is read into `tool_calls`,
-serving/toolcalls.py, where the server reads them). A field in UNSERVED (UNSERVED_TEXT as well on
-the completions route), asked for with a value that would change the reply, is refused by name
-rather than ignored (a client that asked for JSON output or a required tool call must not get plain
-text as if it had); any other field is ignored, as the protocol's servers do. A request that cannot
+`temperature`, `top_p`, `seed`, `stop`, `n` (up to MAX_CHOICES), `logprobs` and `top_logprobs`
+(up to MAX_TOP_LOGPROBS), `stream` with `stream_options.include_usage`, and the tool-call fields
+(`tools`, an assistant message's `tool_calls`, a tool message's `tool_call_id`), which go to the
+model's chat template as they are, and `tool_choice` (TOOL_CHOICES):
+- "auto" (unset) or "none": whether a reply's tool-call text is read into `tool_calls`
+  (serving/toolcalls.py, where the server reads them);
+- "required", or {"type": "function", "function": {"name": N}} with N among `tools`: the server
+  puts the opening of a call in the model's format (toolcalls.call_opening; N written in it when
+  named) after the rendered prompt, as prompt tokens (never sampled, never trained), and reads the
+  reply from that opening and the generated text; a continuation that completes no call is text,
+  counted as malformed. "required" without tools, or N not among them, is refused here; a model
+  whose template shows no format is refused by the server (rollout/chat.py, forced_call).
+`top_logprobs` k (with `logprobs`) gives each generated token's k most likely alternatives from the
+distribution it was drawn from (after temperature and the sampling filters: the one whose log-prob
+`logprobs` reports and the trainer records), most likely first; tokens the filters left no mass
+are left out. A field in UNSERVED (UNSERVED_TEXT as well on the completions route), asked for with
+a value that would change the reply, is refused by name rather than ignored (a client that asked
+for JSON output must not get plain text as if it had); any other field is ignored, as the
+protocol's servers do. A request that cannot
 be served is a `BadRequest` whose message says which field is wrong and what it must be: the server
 answers it with a 400, never an exception.
 
 A completions request (`/v1/completions`, for clients that render their own prompts) has a
-`prompt` instead of `messages`: one text, or one list of token ids; `logprobs` there is 0 or 1
-(the chosen tokens' log-probs; no alternatives), and `echo`, `suffix` and `best_of` above 1 are
-refused. A streamed reply is sent once the whole reply is generated (a reply is only known to be
-a tool call once it is whole), as a short sequence of chunks: the role, the content, each tool
-call, the finish reason, the usage if asked.
+`prompt` instead of `messages`: one text, or one list of token ids; `logprobs` there is k from 0 to
+MAX_TOP_LOGPROBS (the chosen tokens' log-probs, and each `top_logprobs` entry the k alternatives
+and the chosen token, by text), and `echo`, `suffix`, `best_of` above 1, `top_logprobs` and a
+forced `tool_choice` are refused. A streamed reply is sent once the whole reply is generated (a
+reply is only known to be a tool call once it is whole), as a short sequence of chunks: the role,
+the content, each tool call, the finish reason, the usage if asked.
 """
 
 from __future__ import annotations

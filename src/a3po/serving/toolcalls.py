@@ -23,6 +23,11 @@ templates contain, tried in this order:
   `<|python_tag|>`. A reply with any other text is text; so is the code Llama writes after
   `<|python_tag|>` for its built-in tools (`brave_search.call(...)`), which is no JSON call.
 
+A request with `tool_choice` "required" or a named function gets the opening of a call
+(`call_opening`: each format's call as its templates render one, up to the name's value, or with
+the name written up to the arguments' value) after its prompt; the server reads the reply from
+that opening and the generated text together.
+
 A reply whose call text is malformed (not JSON, no name, arguments not an object) is returned
 as plain text with `malformed` set, never as an error: the model wrote it, the client reads it,
 and the trainer counts it (episode/tool_calls_malformed_mean). A reply that is JSON but no call
