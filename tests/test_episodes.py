@@ -20,6 +20,7 @@ import pytest
 import torch
 from scripted_envs import OBSERVATION, Echo, Misbehaving
 
+from a3po.config.choices import TurnContext
 from a3po.data import CallProcess, Example
 from a3po.envs import EnvSpec
 from a3po.envs.arith import ArithError, evaluate, format_number
@@ -28,7 +29,6 @@ from a3po.envs.host import EnvHost
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.episodes import EpisodeRunner, Turns
 from a3po.rollout.local import LocalEngine
-from a3po.config.choices import TurnContext
 from a3po.rollout.prompts import ChatTurns, TemplateError, appends, render
 from a3po.trajectories import collate
 
