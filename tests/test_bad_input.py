@@ -177,7 +177,8 @@ CASES = {
     "env-attribute-misspelt": early([*TINY, "train_dataset.env=env_hints:Hint"], "did you mean 'env_hints:Hints'"),
     "env-without-step": early([*TINY, "train_dataset.env=env_nostep:Env"], "not an environment class: it needs step"),
     "env-stop-a-string": early([*TINY, "train_dataset.env=env_badstop:Env"], "stop attribute must be a tuple"),
-    "env-template-rewrites-history": Case([*TINY, "actor.path=./rewrites", "train_dataset.env=retry"],
+    "env-template-rewrites-history": Case([*TINY, "actor.path=./rewrites", "train_dataset.env=retry",
+                                           "train_dataset.turn_context=append"],
                                           "renders earlier messages differently", model_rewriting_history),
     "env-discount-out-of-range": early([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount"),
     # agents
