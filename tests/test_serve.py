@@ -184,6 +184,42 @@ def test_completions_take_a_prompt_as_text_or_token_ids(tiny_server, _tiny):
         assert status == 400 and why in data["error"]["message"], (body, data)
 
 
+def test_a_required_or_named_call_is_forced_by_its_opening_after_the_prompt(tiny):
+    """`a3po serve`'s engine loop in this process, the format named (the tiny template shows none): the call's
+    opening is prompt (counted in prompt_tokens, never in the completion), and the reply is read from it and the
+    generated text; the random model's continuation completes no call, so it comes back as text, malformed."""
+    from a3po.rollout.chat import ChatQueue
+    from a3po.rollout.local import LocalEngine
+    from a3po.serve import EngineLoop
+    from a3po.serving.protocol import parse_chat_request
+    from a3po.serving.toolcalls import call_opening
+
+    model, tok = tiny
+    chat = ChatQueue(60.0)
+    loop = EngineLoop(LocalEngine(model, eos_token_ids=[tok.eos_token_id], decode=tok.decode, max_batch=4), tok,
+                      chat, max_tokens=8, max_context=512, tool_call_format="hermes")
+    messages = [{"role": "user", "content": "2+3?"}]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    rendered = len(tok.encode(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                      tokenize=False), add_special_tokens=False))
+    for choice, name in (("required", None), ({"type": "function", "function": {"name": "add"}}, "add")):
+        request = parse_chat_request(json.dumps({"messages": messages, "tools": tools, "tool_choice": choice,
+                                                 "temperature": 0, "logprobs": True}).encode())
+        out = []
+        asker = threading.Thread(target=lambda r=request, o=out: o.append(loop.answer(None, r)))
+        asker.start()
+        deadline = time.monotonic() + 60
+        while asker.is_alive():
+            assert time.monotonic() < deadline, "no reply from the engine loop"
+            loop.step()
+        [reply] = out[0]
+        opening = call_opening("hermes", name)
+        assert reply.prompt_tokens == rendered + len(tok.encode(opening, add_special_tokens=False))
+        assert reply.completion_tokens == len(reply.token_logprobs) <= 8
+        assert reply.malformed_tool_call and not reply.tool_calls and reply.text.startswith(opening)
+    chat.close()
+
+
 def test_unknown_paths_are_404s(tiny_server):
     assert post(tiny_server, "/v2/complete", b"{}")[0] == 404
     status, data = post(tiny_server, "/abc/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}]}')
