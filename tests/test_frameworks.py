@@ -150,3 +150,21 @@ def test_the_docs_worked_example_is_the_example_file(name):
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert snippet in (ROOT / (example.replace(".", "/") + ".py")).read_text()
     assert f"a3po train train_dataset.agent={example}:run" in section.split("\n## ", 1)[0]
+
+
+def test_a_tool_call_sent_back_re_serialised_is_the_reply_it_was_served():
+    """Pydantic AI sends a call's arguments back without spaces: the same call, so the same conversation key
+    (the row continues); other arguments, or text that is not JSON, are another message."""
+    from a3po.rollout.agents import _key
+
+    def said(arguments: str) -> list[dict]:
+        return [{"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "calculate", "arguments": arguments}}]}]
+
+    served = _key(said('{"expression": "3 + 4", "n": [1, 2]}'), None)
+    assert _key(said('{"n":[1,2],"expression":"3 + 4"}'), None) == served
+    assert _key(said('{"expression": "3 + 5", "n": [1, 2]}'), None) != served
+    assert _key(said('{"expression": "3 + 4", "n": [1, 2]'), None) != served  # not JSON: compared as text
+    assert _key(said("[" * 5000), None) != served  # nested past the parser's bound: text, no error
