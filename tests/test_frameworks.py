@@ -32,7 +32,7 @@ FRAMEWORKS = {"openai-agents": ("agents", "examples.openai_agents_agent", "### O
               "pydantic-ai": ("pydantic_ai", "examples.pydantic_ai_agent", "### Pydantic AI")}
 QUESTION = "What is 3 + 4?"
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "3 + 4"}}</tool_call>'
-TEACH_STEPS = 400  # a ceiling: teaching stops once greedy decoding writes every taught token (~130 steps)
+TEACH_STEPS = 400  # a ceiling: teaching stops once greedy decoding writes every taught token
 
 
 def conversation(instructions: str) -> list[dict]:

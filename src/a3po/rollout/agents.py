@@ -23,8 +23,9 @@ few threads of their own (`pump` hands a request there and takes it back once it
 made), so a long request never holds up the engine or the other episodes' replies. A
 `max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit. Tool calls in a reply
 are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
-message carrying them, sent back, matches the reply it came from, and the template's delta is
-taken around the text the model generated (its call text included), never re-rendered calls.
+message carrying them, sent back, matches the reply it came from (the calls' arguments compared
+as JSON values, since frameworks re-serialise them), and the template's delta is taken around
+the text the model generated (its call text included), never re-rendered calls.
 A request for `n` choices arrives as n requests in flight at once (rollout/chat.py), so each
 choice is a branch row. A completions request (a prompt the agent rendered) continues the row
 whose earlier completion prompt and reply it starts with: as ids, the row's ids themselves
