@@ -40,16 +40,17 @@ class Harness:
                                   max_batch=16, reprefill_on_update=True)
         self.chat = chat = ChatQueue(timeout_s)
         self.server = ChatServer(chat.ask, "tiny").start()
-        self.agents = AgentProcess(Imported(f"scripted_agents:{agent}"), timeout_s)
+        ref = agent if isinstance(agent, Imported) else Imported(f"scripted_agents:{agent}")
+        self.agents = AgentProcess(ref, timeout_s)
         self.threads = prompt_threads()
         self.runner = AgentRunner(self.engine, self.tok, Turns(max_turns, max_new_tokens, max_context), self.agents,
                                   self.server, chat, self.threads)
         self.n = 0
 
-    def start(self, agent: str, seed: int | None = None, **example):
+    def start(self, agent: str, seed: int | None = None, greedy: bool = False, **example):
         self.n += 1
         ex = Example(example.pop("question", QUESTION), "7", self.n, {"agent": agent, **example})
-        self.runner.start(("g", self.n), ex, seed=self.n if seed is None else seed)
+        self.runner.start(("g", self.n), ex, seed=self.n if seed is None else seed, greedy=greedy)
 
     def run(self, on_finished=None, timeout=120.0) -> dict:
         ended, deadline = {}, time.monotonic() + timeout

@@ -291,7 +291,9 @@ def test_user_module_function_reward(tmp_path, monkeypatch):
     ex = file_example("42")
     assert reward("it is 42", ex) == 1.0 and reward("x" * 10, ex) == 0.01
     assert pickle.loads(pickle.dumps(reward))("it is 42", ex) == 1.0
+    (tmp_path / "needs_more.py").write_text("import no_such_dependency_xyz\n")
     for spec, expected in [("no_such_module_xyz:f", "cannot import 'no_such_module_xyz'"),
+                           ("needs_more:f", "'needs_more' imports 'no_such_dependency_xyz', which is not installed"),
                            ("my_rewards:missing", "has no attribute 'missing'"),
                            ("my_rewards:NOT_CALLABLE", "not a function"),
                            ("my_rewards:wrong_arity", "must accept (completion, example)"),

@@ -291,6 +291,10 @@ def import_spec(spec: str, setting: str, what: str) -> tuple[Imported, Any]:
     try:
         obj = ref.resolve()
     except ImportError as e:
+        missing = e.name if isinstance(e, ModuleNotFoundError) and e.name else None
+        if missing and not (module_name == missing or module_name.startswith(missing + ".")):
+            raise DataError(f"{setting}={spec!r}: {module_name!r} imports {missing!r}, which is not installed here; "
+                            f"pip install the package that provides it") from None
         raise DataError(f"{setting}={spec!r}: cannot import {module_name!r} ({e}){_module_hint(module_name, attr, e)}; "
                         f"put it on PYTHONPATH or in the current directory ({os.getcwd()})") from None
     except AttributeError:

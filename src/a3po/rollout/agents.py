@@ -23,8 +23,9 @@ few threads of their own (`pump` hands a request there and takes it back once it
 made), so a long request never holds up the engine or the other episodes' replies. A
 `max_tokens` above `gconfig.max_new_tokens` is a 400 naming that limit. Tool calls in a reply
 are read into `tool_calls` as `a3po serve` reads them (serving/toolcalls.py); an assistant
-message carrying them, sent back, matches the reply it came from, and the template's delta is
-taken around the text the model generated (its call text included), never re-rendered calls.
+message carrying them, sent back, matches the reply it came from (the calls' arguments compared
+as JSON values, since frameworks re-serialise them), and the template's delta is taken around
+the text the model generated (its call text included), never re-rendered calls.
 A `tool_choice` "required" or naming a function appends the opening of a call to the prompt
 (rollout/chat.py, `forced_call`): in the row those ids are prompt, mask 0 like all the agent
 sent, and the reply is read from them and the tokens generated after them; its echo continues
@@ -82,7 +83,28 @@ _GONE = "no running episode at this URL: an agent talks to the base URL its clie
 def _key(messages: list[dict], tools) -> tuple:
     """What makes two conversations the same: every message's fields, and the tools offered."""
     tools_key = json.dumps(tools, sort_keys=True) if tools else ""
-    return (tools_key, *(json.dumps(m, sort_keys=True) for m in messages))
+    return (tools_key, *(_message_key(m) for m in messages))
+
+
+def _message_key(message: dict) -> str:
+    """A message's fields as one string, its tool calls' arguments compared as JSON values rather than text: a
+    client may send back the calls it was given re-serialised (pydantic-ai writes the arguments compactly), and
+    that is still the reply it was served."""
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        message = {**message, "tool_calls": [_call_key(c) for c in calls]}
+    return json.dumps(message, sort_keys=True)
+
+
+def _call_key(call):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's bound: compared as text
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 @dataclass
@@ -254,7 +276,7 @@ class AgentRunner:
             said = {"role": "assistant", "content": reply.text}  # as the agent sends it back (protocol._messages)
             if reply.tool_calls:
                 said["tool_calls"] = [t.as_message_field() for t in reply.tool_calls]
-            row.marks.append(Mark((*call.key, json.dumps(said, sort_keys=True)), len(row.ids), ended_by_eos))
+            row.marks.append(Mark((*call.key, _message_key(said)), len(row.ids), ended_by_eos))
         call.pending.reply(reply)
 
     def poll(self, block_s: float = 0.0) -> list[AgentEpisode]:
