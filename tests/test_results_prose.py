@@ -74,6 +74,7 @@ SECTIONS = {
     "docs/training.md#Which proximal method when": STUDY,
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
+SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
 QUOTES = {"Part 6:": ("The default run and the staleness study", "The clean clone after multi-turn episodes")}
 # sections whose every number with this many decimals or more is looked up (3 elsewhere: at 2, a wrong number too
 # often equals some right one)
@@ -278,6 +279,18 @@ def _pilot(c: Catalogue, folder: str) -> None:
     c.list([r["eval/accuracy"] for r in rows if "eval/accuracy" in r])
 
 
+def _run(c: Catalogue, folder: str) -> None:
+    """One `a3po train` run's records: its held-out accuracies with their intervals, and its per-step metrics."""
+    for line in (RESULTS / folder / "held_out.jsonl").read_text().splitlines():
+        solved = json.loads(line)["solved"]
+        acc = sum(solved) / len(solved)
+        lo, hi = intervals.accuracy_interval(solved)
+        c.intervals.append((acc, lo, hi))
+        c.values += [acc, lo, hi]
+    rows = [json.loads(line) for line in (RESULTS / folder / "metrics.jsonl").read_text().splitlines() if line]
+    c.values += [v for r in rows for k, v in r.items() if k.startswith("loss/") and isinstance(v, float)]
+
+
 def _before_after(c: Catalogue, folder: str) -> None:
     before, after = ([paired.read_record(p) for p in sorted((RESULTS / folder / side).glob("*.json"))]
                      for side in ("before", "after"))
@@ -319,6 +332,8 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _before_after(c, folder)
         elif folder in ("lora-step", "lora-memory"):
             _step(c, folder)
+        elif folder == "smollm2-icepop-topp":
+            _run(c, folder)
         else:
             raise AssertionError(f"no reader for {folder}")
     if any(f in LORA for f in folders):
