@@ -9,6 +9,7 @@ where it stopped; the environment written in docs/training.md trains with the co
 
 import json
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -45,8 +46,8 @@ def test_a_textarena_game_trains_with_the_command_in_the_docs(tmp_path):
     so each episode is the game's one allowed invalid move and the second, which ends the game with no credit."""
     pytest.importorskip("textarena", reason="the textarena extra is not installed (make installs it)")
     page = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
-    command = page.split("```bash\na3po train train_dataset.env=textarena ", 1)[1].split("\n", 1)[0].split()
-    assert "train_dataset.env_id=GuessTheNumber-v0" in command
+    command = shlex.split(page.split("```bash\na3po train train_dataset.env=textarena ", 1)[1].split("\n", 1)[0])
+    assert "train_dataset.env_id=GuessTheNumber-v0" in command and any("system_prompt=" in a for a in command)
     res = a3po("train", *TINY, "train_dataset.env=textarena", *command, "total_train_steps=1", "evaluator.size=4",
                cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
