@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from scripted_agents import FOLLOW_UP
 
 from a3po.agents.host import AgentProcess
 from a3po.data import Example
@@ -194,6 +195,28 @@ def test_a_conversation_that_branches_becomes_rows_that_train_each_token_once(ha
     assert rows[1].prompt_ids == rows[0].prompt_ids  # the retry: the same question, its own answer
     assert rows[0].output_mask.count(False) > 0  # the continuation extended the first row
     assert all(r.reward == 1.0 for r in rows)
+
+
+def test_a_template_that_rewrites_a_past_reply_by_its_text_gets_the_request_rendered_whole(tiny):
+    """As Qwen3's template drops a past reply's reasoning, this one drops a past reply's spaces: the follow-up
+    cannot extend the first row (its context would not be what the template shows), so it is a row of its own."""
+    model, tok = tiny
+    tok = copy.deepcopy(tok)
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not "
+                         "loop.last %}{{ m.content | replace(' ', '') }}{% else %}{{ m.content }}{% endif %}"
+                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    h = Harness((model, tok))
+    try:
+        h.start("two_turns", seed=28)  # a seed whose first reply holds a space (asserted below)
+        ep = h.run()[1]
+    finally:
+        h.close()
+    first, second = h.rows(ep)
+    reply = tok.decode(first.output_ids, skip_special_tokens=True)
+    assert " " in reply, f"the test needs a first reply with a space, got {reply!r}: choose another seed"
+    assert ep.calls == 2 and all(first.output_mask) and all(second.output_mask)
+    said = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": reply}]
+    assert second.prompt_ids == encode_messages(tok, [*said, {"role": "user", "content": FOLLOW_UP}])
 
 
 def test_calls_in_flight_together_are_rows_of_their_own(harness):

@@ -6,7 +6,9 @@ exactly, and with the a3po forward turn k >= 2 computes only its new tokens, wit
 log-probs as a fresh prefill; a weight update inside a turn gives the episode two versions
 in order; an environment that raises, hangs, returns garbage or a bad first prompt fails
 its own episode only (with the reason), the others finish; max_turns and the context budget
-end episodes with their reason; a chat template that rewrites earlier turns is one line;
+end episodes with their reason; a chat template that rewrites earlier turns is one line under
+`append`, and under `auto` or `rerender` gives a row per turn whose context is the conversation
+rendered whole (a past reply's reasoning dropped, as the template does);
 the calculator tool parses arithmetic itself (never eval) and answers errors as observations.
 """
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 from scripted_envs import OBSERVATION, Echo, Misbehaving
 
+from a3po.config.choices import TurnContext
 from a3po.data import CallProcess, Example
 from a3po.envs import EnvSpec
 from a3po.envs.arith import ArithError, evaluate, format_number
@@ -26,7 +29,7 @@ from a3po.envs.host import EnvHost
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.episodes import EpisodeRunner, Turns
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.prompts import ChatTurns, TemplateError
+from a3po.rollout.prompts import ChatTurns, TemplateError, appends, render
 from a3po.trajectories import collate
 
 
@@ -82,7 +85,7 @@ def test_observation_tokens_are_masked_out_and_turns_extend_the_context(tiny, fo
     eps = run_episodes(engine, tok, Echo, examples(("Say something.", "3"), ("Tell me more.", "3")))
     for ep in eps:
         assert ep.finish_reason == "done" and ep.reward == 1.0 and len(ep.actions) == 3
-        t = ep.trajectory()
+        t = ep.trajectories()[0]
         obs = [i for i, m in enumerate(t.output_mask) if not m]
         assert obs and all(t.output_versions[i] == -1 and t.output_logprobs[i] == 0.0 for i in obs)
         assert set(t.generated_versions) == {0}
@@ -140,7 +143,7 @@ def test_a_weight_update_inside_a_turn_gives_the_episode_two_versions_in_order(t
 
     engine = engine_for(model, tok, reprefill_on_update=False)
     (ep,) = run_episodes(engine, tok, Echo, examples(("Say something.", "4")), during=update)
-    t = ep.trajectory()
+    t = ep.trajectories()[0]
     versions = t.generated_versions
     assert set(versions) == {0, 1} and versions == sorted(versions), versions
     assert all(v == -1 for v, m in zip(t.output_versions, t.output_mask) if not m)
@@ -159,7 +162,7 @@ def test_a_misbehaving_environment_fails_its_own_episode_only(tiny):
     for q, needle in expected.items():
         ep = by_q[q]
         assert ep.finish_reason == "env_error" and ep.reward == 0.0 and needle in ep.failure, ep.failure
-        assert ep.trajectory().prompt_ids, "a failed episode still has a prompt for its row"
+        assert ep.trajectories()[0].prompt_ids, "a failed episode still has a prompt for its row"
 
 
 def test_max_turns_and_the_context_budget_end_episodes_with_their_reason(tiny):
@@ -182,6 +185,54 @@ def test_a_template_that_rewrites_earlier_turns_is_one_line(tiny):
     with pytest.raises(TemplateError, match="renders earlier messages differently") as e:
         ChatTurns(tok).observation("wrong", "user", inline=False, ended_by_eos=True)
     assert "\n" not in str(e.value)
+
+
+# drops a past reply's reasoning once a later message follows, as Qwen3's template does
+REASONING_DROPPED = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+                     "{{ m.content.split('</think>')[-1].lstrip() }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n"
+                     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def reasoning_dropped(tok):
+    tok = copy.deepcopy(tok)
+    tok.chat_template = REASONING_DROPPED
+    return tok
+
+
+def test_a_template_that_drops_past_reasoning_trains_a_row_per_turn(tiny):
+    model, tok = tiny
+    tok = reasoning_dropped(tok)
+    assert not appends(tok) and appends(tiny[1])
+    with pytest.raises(TemplateError, match="turn_context=rerender"):
+        ChatTurns(tok).observation("wrong", "user", inline=False, ended_by_eos=True)
+    said = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nhmm\n</think>\n\n4"}]
+    assert "hmm" not in tok.decode(render(tok, [*said, {"role": "user", "content": "wrong"}], continuing=False))
+    continued = tok.decode(render(tok, said, continuing=True))  # an inline observation continues the reply
+    assert continued.endswith("<|im_start|>assistant\n<think>\nhmm\n</think>\n\n4")
+
+    engine = engine_for(model, tok)
+    eps = run_episodes(engine, tok, Echo, examples(("Say something.", "3"), ("Tell me more.", "2")))
+    for ep in eps:
+        rows = ep.trajectories()
+        turns = [r for r in engine.requests if r.rid == ep.eid]
+        assert ep.finish_reason == "done" and len(rows) == len(turns) == len(ep.actions) == int(ep.example.answer)
+        assert [t.part for t in rows] == list(range(len(rows))) and rows[0].episode is not None
+        assert all(t.episode is None and t.reward == rows[0].reward == 1.0 for t in rows[1:])
+        messages = [{"role": "user", "content": ep.example.question}]
+        for k, (t, r) in enumerate(zip(rows, turns)):  # each row: the conversation so far, rendered whole, then
+            assert t.prompt_ids == r.prompt_ids == render(tok, messages, continuing=False)  # the turn as generated
+            assert all(t.output_mask) and 0 < len(t.output_ids) <= 6 and set(t.output_versions) == {0}
+            assert OBSERVATION not in tok.decode(t.output_ids)
+            messages += [{"role": "assistant", "content": ep.actions[k]}, {"role": "user", "content": OBSERVATION}]
+        assert rows[0].episode.rerendered_tokens == sum(len(t.prompt_ids) for t in rows[1:]) > 0
+        batch = collate(rows)
+        assert batch.loss_mask.sum() == sum(len(t.output_ids) for t in rows)
+    # rerender asked of a template that appends: the same rows; append (the default template): one row
+    forced = run_episodes(engine_for(model, tiny[1]), tiny[1], Echo, examples(("Say something.", "3")),
+                          Turns(max_turns=5, max_new_tokens=6, max_context=512, context=TurnContext.RERENDER))
+    assert len(forced[0].trajectories()) == 3
+    (one,) = run_episodes(engine_for(model, tiny[1]), tiny[1], Echo, examples(("Say something.", "3")))
+    assert len(one.trajectories()) == 1 and one.trajectories()[0].episode.rerendered_tokens == 0
 
 
 def test_the_calculator_parses_arithmetic_and_never_evaluates_text():

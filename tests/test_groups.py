@@ -116,7 +116,7 @@ def test_episodes_come_back_as_whole_groups_in_sample_order(tiny):
         assert [rows[0].episode.turns for rows in samples] == [turns, turns]
         assert all(rows[0].reward == 1.0 and rows[0].finish_reason == "done" for rows in samples)
         for i, (t,) in enumerate(samples):
-            assert t.output_ids == episodes[key, i].trajectory().output_ids
+            assert t.output_ids == episodes[key, i].trajectories()[0].output_ids
 
 
 def test_the_factory_gives_the_kind_the_inputs_name_each_with_the_whole_protocol(tiny):

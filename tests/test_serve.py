@@ -296,6 +296,28 @@ def test_a3po_serve_as_a_judge_scores_with_its_own_greedy_answer():
         assert got.scores == [None] and text[:40] in got.failures[0]
 
 
+def test_a_reply_ends_at_any_end_of_reply_id_the_models_generation_config_names(tmp_path, _tiny):
+    """As Llama 3 ends a tool call with <|eom_id|> (beside <|eot_id|>): here the id the model writes first."""
+    import copy
+
+    import torch
+
+    from a3po.rollout.prompts import encode_messages
+
+    model, tok = copy.deepcopy(_tiny[0]), _tiny[1]
+    messages = [{"role": "user", "content": "2+3?"}]
+    with torch.no_grad():  # greedy, as the server samples at temperature 0
+        first = int(model(torch.tensor([encode_messages(tok, messages)])).logits[0, -1].argmax())
+    assert first != tok.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, first]
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    with served("--model", str(tmp_path / "m")) as (proc, url):
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        reply = client.chat.completions.create(model="m", messages=messages, temperature=0, max_tokens=8)
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 1
+
+
 def test_a_model_that_does_not_exist_is_one_line():
     res = a3po("serve", "--model", "/nonexistent/model", timeout=120)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "a3po: error:" in res.stderr

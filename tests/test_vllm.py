@@ -154,11 +154,11 @@ def test_episodes_on_vllm_reuse_their_prefix_within_a_version_and_never_across(s
         (n1, c1), (n2, c2), (n3, c3) = ep.prefilled
         assert c1 == n1 and c2 <= n2 - 128, ep.prefilled  # turn 2 reused turn 1's blocks (whole blocks of 128 here)
         assert c3 == n3, ep.prefilled  # version 1 never reads version 0's blocks
-        t = ep.trajectory()
+        t = ep.trajectories()[0]
         assert OBSERVATION not in tok.decode([x for x, m in zip(t.output_ids, t.output_mask) if m])
         versions = t.generated_versions
         assert sorted(set(versions)) == [v0, v0 + 1] and versions == sorted(versions)
-    batch = collate([ep.trajectory() for ep in ended], pad_id=tok.pad_token_id)
+    batch = collate([ep.trajectories()[0] for ep in ended], pad_id=tok.pad_token_id)
     cfg = load_config(None, ["actor.dtype=float32"]).actor
     new_model, _ = load_policy(SMOLLM2)
     new_model.load_state_dict(new)

@@ -171,6 +171,9 @@ REGISTRY: tuple[Metric, ...] = (
     _m("episode/tool_errors_mean", "calls", LOOP, "bad tool calls per episode (tool_error)", ENV),
     _m("episode/tool_calls_malformed_mean", "replies", LOOP, "an agent's replies per episode whose tool-call text "
        "could not be read (not JSON, no name, arguments not an object), returned to it as text; 0 with env", EPISODES),
+    _m("episode/rerendered_tokens_mean", "tokens", LOOP, "context tokens per episode rendered again as the prompt of "
+       "its later turns' rows (train_dataset.turn_context rerender, or auto with a template that does not append): "
+       "prefilled and trained as context once more; 0 when turns append", ENV),
     _m("episode/success_frac", "fraction", LOOP, "share of episodes whose undiscounted reward reached 1", ENV),
     _m("episode/observation_token_frac", "fraction", LOOP,
        "observation tokens / all tokens after the prompts (observations and model turns)", ENV),

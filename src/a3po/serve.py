@@ -120,7 +120,7 @@ class EngineLoop:
 def build_engine(args: ServeArgs):
     """(engine, tokenizer, context length) for the model."""
     from a3po.devices import resolve_device, resolve_dtype, torch_dtype
-    from a3po.models import load_policy
+    from a3po.models import end_ids, load_policy
 
     device = resolve_device(args.device, "--device")
     dtype = resolve_dtype(args.dtype, device)
@@ -134,7 +134,7 @@ def build_engine(args: ServeArgs):
     from a3po.rollout.local import LocalEngine
 
     model = model.to(device)
-    engine = LocalEngine(model, eos_token_ids=[tok.eos_token_id], decode=tok.decode, max_batch=64, seed=args.seed)
+    engine = LocalEngine(model, eos_token_ids=end_ids(model, tok), decode=tok.decode, max_batch=64, seed=args.seed)
     return engine, tok, context
 
 

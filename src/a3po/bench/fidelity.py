@@ -68,7 +68,7 @@ from a3po.data import load_task
 from a3po.devices import resolve_device
 from a3po.files import unique_dir
 from a3po.machine import machine
-from a3po.models import load_policy
+from a3po.models import end_ids, load_policy
 from a3po.pipeline.pool import split_threads
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
@@ -155,7 +155,7 @@ class Replayer:
         if not self.prompts:
             return []
         g = self.cfg.gconfig
-        local = LocalEngine(engine.sampling_model(), eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode,
+        local = LocalEngine(engine.sampling_model(), eos_token_ids=end_ids(self.base, self.tok), decode=self.tok.decode,
                             forward=self.cfg.rollout.forward)
         outs = generate(local, [GenerationRequest(p, g.max_new_tokens, rid=i, greedy=True, stop=tuple(g.stop))
                                 for i, p in enumerate(self.prompts)])

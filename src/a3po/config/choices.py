@@ -90,6 +90,14 @@ class OnFailure:
     CHOICES = (ZERO, DROP, STOP)
 
 
+class TurnContext:
+    """train_dataset.turn_context: how an episode's next turn gets its context (rollout/episodes.py)."""
+
+    APPEND = "append"  # one row that only grows: the observation's ids appended after the model's own tokens
+    RERENDER = "rerender"  # each turn its own row: the conversation rendered whole by the template, as context
+    CHOICES = (AUTO, APPEND, RERENDER)  # auto: append when the template extends a conversation by appending
+
+
 class ToolCallFormat:
     """train_dataset.tool_call_format, `a3po serve --tool-call-format`: how tool calls are read out of replies.
 

@@ -30,6 +30,7 @@ from a3po.config.choices import (
     OnFailure,
     ServiceKind,
     ToolCallFormat,
+    TurnContext,
     WeightUpdate,
 )
 
@@ -288,6 +289,11 @@ class DatasetConfig:
                                         "request past it is refused)", ge=2)
     turn_discount: float | None = opt(None, "with env: the reward of turn k counts discount^(k-1); null = the "
                                             "environment's own (retry 0.5, guess 0.8, calculator 1)", ge=0, le=1)
+    turn_context: str = opt(AUTO, "with env: each turn's context: append (one row that grows by the template's "
+                                   "delta; refused for a template that renders earlier messages differently once "
+                                   "more follow), rerender (each turn its own row, the conversation rendered whole "
+                                   "as masked context), auto (append when the template allows it, else rerender)",
+                            choices=TurnContext.CHOICES)
     agent: str | None = opt(None, "episodes run by your agent, module:function with async def run(example, client) "
                                   "-> reward, client an openai.AsyncOpenAI pointed at the policy; its completions "
                                   "train (docs/training.md, agents); null = no agent")
@@ -530,7 +536,7 @@ def inert_keys(cfg: Config) -> list[tuple[str, Any, str]]:
          "train_dataset.task is file", "choose a procedural task"),
         ("train_dataset", ("max_turns", "max_context_tokens"), env or agent,
          "train_dataset.env or train_dataset.agent", "both are null", "set one of them"),
-        ("train_dataset", ("turn_discount", "env_timeout_s"), env, "train_dataset.env",
+        ("train_dataset", ("turn_discount", "env_timeout_s", "turn_context"), env, "train_dataset.env",
          "train_dataset.env is null", "set an environment"),
         ("train_dataset", ("env_id",), d.env == TEXTARENA, f"train_dataset.env={TEXTARENA}",
          f"train_dataset.env is {d.env or 'null'}", f"set train_dataset.env={TEXTARENA}"),

@@ -66,6 +66,18 @@ def load_policy(path: str, *, dtype: torch.dtype = torch.float32,
     return _hub(path, dtype)
 
 
+def end_ids(model, tokenizer) -> list[int]:
+    """The ids that end a reply: the tokenizer's end-of-sequence, then any other the model's generation config
+    names (Llama 3 ends a built-in tool call with <|eom_id|> and a turn with <|eot_id|>; Qwen2.5 lists
+    <|endoftext|> beside <|im_end|>). Sampling stops at any of them, as the model's own `generate` would."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    config = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in config if isinstance(config, (list, tuple)) else [config]:
+        if isinstance(i, int) and i not in ids:
+            ids.append(i)
+    return ids
+
+
 def _tiny(path: str, dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         hidden, layers = parse_tiny_name(path)

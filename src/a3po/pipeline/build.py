@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from a3po import signals
 from a3po.config import Config, ConfigError, dump_yaml, to_dict
-from a3po.config.choices import Backend, Launcher
+from a3po.config.choices import Backend, Launcher, TurnContext
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.devices import resolve_device
@@ -87,11 +87,15 @@ def build_run(cfg: Config, resume: str | None, inputs: RunInputs | None, progres
         raise ConfigError(vllm_engine.MISSING)
     scoring = Scoring(inputs.reward_fn, inputs.env, inputs.agent)
     model, tok = load_policy(cfg.actor.path, seed=cfg.seed)  # a bad model is one line before any rank starts
-    if scoring.env is not None:
-        try:  # a template that cannot extend an episode by appending fails here, not in every worker
+    if scoring.env is not None and cfg.train_dataset.turn_context != TurnContext.RERENDER:
+        try:  # a template that cannot extend an episode by appending: here, not in every worker
             ChatTurns(tok).observation("ok", "user", inline=False, ended_by_eos=True)
         except TemplateError as e:
-            raise ConfigError(f"actor.path={cfg.actor.path}: {e}") from None
+            if cfg.train_dataset.turn_context == TurnContext.APPEND:
+                raise ConfigError(f"actor.path={cfg.actor.path}: {e}") from None
+            say(f"a3po: the chat template of {cfg.actor.path} does not extend a conversation by appending: each "
+                f"turn of an episode trains as its own row, the conversation rendered whole as its context "
+                f"(train_dataset.turn_context=auto; episode/rerendered_tokens_mean counts the cost)")
     per_worker, trainer_threads = split_threads(cfg.rollout.n_workers, cfg.rollout.torch_threads)
     world, by_torchrun = ranks.world_size(cfg)
     if device.type == "cuda" and cfg.cluster.launcher == Launcher.LOCAL and not by_torchrun:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from a3po.config import Config
 from a3po.data import Example
+from a3po.models import end_ids
 from a3po.rollout.groups import Group, GroupRunner, group_seeds
 from a3po.rollout.local import LocalEngine
 from a3po.rollout.runners import Runners, Scoring
@@ -48,7 +49,7 @@ class Evaluator:
         gconfig.temperature with seeds fixed by the example's place and the run's seed."""
         cfg = self.cfg
         samples = 1 if greedy else samples
-        engine = LocalEngine(model, eos_token_ids=[tokenizer.eos_token_id], decode=tokenizer.decode, max_batch=64,
+        engine = LocalEngine(model, eos_token_ids=end_ids(model, tokenizer), decode=tokenizer.decode, max_batch=64,
                              forward=cfg.rollout.forward)
         if self.runners is None:
             self.runners = Runners(cfg, self.scoring)

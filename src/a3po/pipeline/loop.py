@@ -77,6 +77,7 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
         "episode/tool_calls_mean": sum(e.tool_calls for _, e in eps) / n,
         "episode/tool_errors_mean": sum(e.tool_errors for _, e in eps) / n,
         "episode/tool_calls_malformed_mean": sum(e.malformed_tool_calls for _, e in eps) / n,
+        "episode/rerendered_tokens_mean": sum(e.rerendered_tokens for _, e in eps) / n,
         "episode/success_frac": sum(e.success for _, e in eps) / n,
         "episode/observation_token_frac": sum(len(t.output_ids) - t.n_generated for t, _ in eps) / max(1, tokens),
         "episode/env_time_frac": sum(e.env_s / e.wall_s if e.wall_s > 0 else 0.0 for _, e in eps) / n,

@@ -432,6 +432,14 @@ class AgentRunner:
             return None
         if not full.startswith(base) or _SLOT not in base:
             return None
+        try:  # and with the reply itself: a template may rewrite a reply by what it holds (Qwen3 drops reasoning)
+            said = [*messages[:n - 1], reply]
+            if not self.tok.apply_chat_template([*said, *messages[n:]], tools=tools, add_generation_prompt=True,
+                                                tokenize=False).startswith(
+                    self.tok.apply_chat_template(said, tools=tools, tokenize=False)):
+                return None
+        except Exception:
+            return None
         closing = base[base.rindex(_SLOT) + len(_SLOT):]
         if ended_by_eos and self.eos_text and closing.startswith(self.eos_text):
             closing = closing[len(self.eos_text):]

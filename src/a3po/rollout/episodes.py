@@ -18,6 +18,15 @@ previous turn's exactly (asserted). Observation tokens carry log-prob 0, version
 mask 0, like prompt tokens. Each turn is a request under the episode's session, so the
 engine keeps its KV cache between turns.
 
+A template that renders earlier messages differently once more follow (Qwen3's drops a past
+reply's reasoning) cannot grow a context by appending; with `rerender` (train_dataset.turn_context,
+or auto for such a template) each turn is its own row instead: its prompt is the conversation
+so far rendered whole by the template (the model's earlier replies as the text it wrote, the
+observations as messages), all of it context with mask 0, and its output the turn's tokens as
+generated. The rows are one sample of the group, as an agent's rows are (part 0 first), sharing
+the episode's reward; what the re-rendering costs (context tokens prefilled and trained again)
+is counted in `episode/rerendered_tokens_mean`.
+
 Environment calls run in a child process (data/scoring.py) with a deadline: an environment
 that raises, hangs or returns the wrong type fails its own episode (finish reason
 `env_error`, the reason kept for the failure count) and no other. An episode ends when the
@@ -36,13 +45,14 @@ import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from a3po.config.choices import AUTO, TurnContext
 from a3po.data import CallProcess, Example
 from a3po.envs import EnvSpec
 from a3po.envs.host import CLOSE, RESET, STEP
 from a3po.episode_end import EpisodeEnd
 from a3po.rollout.engine import Completion, GenerationRequest, RolloutEngine
 from a3po.rollout.groups import Gathering, Group
-from a3po.rollout.prompts import ChatTurns, encode_messages, encode_prompt
+from a3po.rollout.prompts import ChatTurns, appends, encode_messages, encode_prompt, render
 from a3po.trajectories import EpisodeInfo, Trajectory
 
 DONE, MAX_TURNS, CONTEXT, ENV_ERROR = EpisodeEnd.DONE, EpisodeEnd.MAX_TURNS, EpisodeEnd.CONTEXT, EpisodeEnd.ENV_ERROR
@@ -61,13 +71,14 @@ class Turns:
     top_k: int = 0
     min_p: float = 0.0
     system_prompt: str | None = None
+    context: str = AUTO  # TurnContext: how the next turn's context is made
 
     @classmethod
     def from_config(cls, cfg, spec: EnvSpec | None) -> Turns:
         """spec: the environment (its stop strings end a turn too); None for an agent's calls."""
         g, d = cfg.gconfig, cfg.train_dataset
         return cls(d.max_turns, g.max_new_tokens, d.max_context_tokens, (*g.stop, *(spec.stop if spec else ())),
-                   g.temperature, g.top_p, g.top_k, g.min_p, d.system_prompt)
+                   g.temperature, g.top_p, g.top_k, g.min_p, d.system_prompt, d.turn_context)
 
 
 @dataclass
@@ -78,6 +89,13 @@ class Episode:
     greedy: bool
     prompt_ids: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)  # everything after the prompt: turns and observations
+    # rerender: the conversation as messages, whether its last message is the model's still being continued
+    # (an inline observation went into it), the rows of the turns before this one, the context tokens rendered
+    # again for them
+    messages: list[dict] = field(default_factory=list)
+    continuing: bool = False
+    rows: list[tuple] = field(default_factory=list)
+    rerendered: int = 0
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
@@ -103,11 +121,19 @@ class Episode:
     def info(self) -> EpisodeInfo:
         return EpisodeInfo(turns=len(self.actions), tool_calls=self.tool_calls, tool_errors=self.tool_errors,
                            success=self.raw_reward >= 1.0 - 1e-6, env_s=self.env_s,
-                           wall_s=self.ended_at - self.started_at)
+                           wall_s=self.ended_at - self.started_at, rerendered_tokens=self.rerendered)
 
-    def trajectory(self) -> Trajectory:
-        return Trajectory(self.prompt_ids, self.ids, self.logprobs, self.versions, reward=self.reward,
-                          finish_reason=self.finish_reason or ENV_ERROR, output_mask=self.mask, episode=self.info)
+    @property
+    def row(self) -> tuple:
+        return self.prompt_ids, self.ids, self.logprobs, self.versions, self.mask
+
+    def trajectories(self) -> list[Trajectory]:
+        """The episode's rows: one, or (rerender) one per turn that generated a token, the first carrying the
+        episode's info."""
+        rows = [r for r in (*self.rows, self.row) if any(r[4])] or [self.row]
+        return [Trajectory(p, ids, lps, vs, reward=self.reward, finish_reason=self.finish_reason or ENV_ERROR,
+                           output_mask=mask, episode=self.info if i == 0 else None, part=i)
+                for i, (p, ids, lps, vs, mask) in enumerate(rows)]
 
 
 class EpisodeRunner:
@@ -119,6 +145,7 @@ class EpisodeRunner:
         self.chat = ChatTurns(tokenizer)
         self.eos = tokenizer.eos_token_id
         self.rounds = rounds
+        self.rerender = turns.context == TurnContext.RERENDER or (turns.context == AUTO and not appends(tokenizer))
         self.running: dict[Hashable, Episode] = {}
         self._done: list[Episode] = []
         self._generating = 0  # turns in the engine
@@ -138,7 +165,7 @@ class EpisodeRunner:
 
     def poll_groups(self, block_s: float = 0.0) -> list[Group]:
         """The groups whose episodes have all ended (waiting up to block_s for the environment's answer)."""
-        return self._groups.ended(self.poll(block_s), lambda ep: [ep.trajectory()])
+        return self._groups.ended(self.poll(block_s), Episode.trajectories)
 
     def start(self, eid: Hashable, example: Example, seed: int, greedy: bool = False) -> None:
         ep = Episode(eid, example, seed, greedy)
@@ -156,6 +183,10 @@ class EpisodeRunner:
         ep.mask += [True] * len(c.output_ids)
         ep.last_ended_by_eos = c.finish_reason == "stop" and bool(c.output_ids) and c.output_ids[-1] == self.eos
         ep.actions.append(self.tok.decode(c.output_ids, skip_special_tokens=True))
+        if ep.continuing:
+            ep.messages[-1] = {**ep.messages[-1], "content": ep.messages[-1]["content"] + ep.actions[-1]}
+        else:
+            ep.messages.append({"role": "assistant", "content": ep.actions[-1]})
         ep.prefilled.append((len(c.prompt_ids), c.prefilled))
         self._call(ep, STEP, ep.eid, ep.example, tuple(ep.actions))
 
@@ -188,6 +219,7 @@ class EpisodeRunner:
             *([{"role": "system", "content": self.turns.system_prompt}] if self.turns.system_prompt else []),
             {"role": "user", "content": prompt}]
         ep.prompt_ids = encode_messages(self.tok, messages)
+        ep.messages = list(messages)
         if len(ep.prompt_ids) >= self.turns.max_context:
             self._end(ep, ENV_ERROR, f"environment {self.spec.name}: the first prompt has {len(ep.prompt_ids)} tokens, "
                                      f"not fewer than train_dataset.max_context_tokens={self.turns.max_context}")
@@ -206,6 +238,9 @@ class EpisodeRunner:
         if k >= self.turns.max_turns:
             self._end(ep, MAX_TURNS)
             return
+        if self.rerender:
+            self._rerendered(ep, step)
+            return
         obs = self.chat.observation(step.observation, step.role, step.inline, ep.last_ended_by_eos)
         if len(ep.context) + len(obs) >= self.turns.max_context:
             self._end(ep, CONTEXT)
@@ -214,6 +249,23 @@ class EpisodeRunner:
         ep.logprobs += [0.0] * len(obs)
         ep.versions += [-1] * len(obs)
         ep.mask += [False] * len(obs)
+        self._turn(ep)
+
+    def _rerendered(self, ep: Episode, step) -> None:
+        """The next turn as a row of its own: the conversation with the observation, rendered whole."""
+        if step.inline:
+            last = ep.messages[-1]
+            messages = [*ep.messages[:-1], {**last, "content": last["content"] + step.observation}]
+        else:
+            messages = [*ep.messages, {"role": step.role, "content": step.observation}]
+        context = render(self.tok, messages, continuing=step.inline)
+        if len(context) >= self.turns.max_context:
+            self._end(ep, CONTEXT)
+            return
+        ep.messages, ep.continuing = messages, step.inline
+        ep.rows.append(ep.row)
+        ep.prompt_ids, ep.ids, ep.logprobs, ep.versions, ep.mask = context, [], [], [], []
+        ep.rerendered += len(context)
         self._turn(ep)
 
     def _turn(self, ep: Episode) -> None:

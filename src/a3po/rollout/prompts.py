@@ -4,7 +4,9 @@ An episode's context is token ids that only ever grow: the model's tokens are ap
 it generated them, and an observation is appended as the ids of the chat template's text
 between the model's message and the next one (`ChatTurns.observation`), never by
 rendering the whole conversation again, which would re-tokenise the model's turns and, with
-templates that rewrite earlier messages, change them.
+templates that rewrite earlier messages, change them. A template that does rewrite them (one
+that drops a past reply's reasoning block, as Qwen3's does) cannot grow a context this way:
+its episodes re-render the conversation for each turn instead (`render`, rollout/episodes.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from functools import cache
 from a3po.data import Example, build_messages
 
 _MODEL, _OBSERVATION = "\x00a3po-model-turn\x00", "\x00a3po-observation\x00"
+_REASONING = "<think>\nr\n</think>\n\n"
 
 
 class TemplateError(ValueError):
@@ -76,14 +79,35 @@ class ChatTurns:
     def _delta(self, role: str) -> tuple[str, str, str]:
         """(what closes the model's message, the template before an observation, after it: up to the next
         model message)."""
-        convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MODEL}]
-        base = self.tok.apply_chat_template(convo, tokenize=False)
-        full = self.tok.apply_chat_template([*convo, {"role": role, "content": _OBSERVATION}],
-                                            add_generation_prompt=True, tokenize=False)
-        if not full.startswith(base) or _MODEL not in base or _OBSERVATION not in full:
-            raise TemplateError(f"the chat template renders earlier messages differently once a {role!r} message "
-                                f"follows, so an episode's context cannot grow by appending: use a model whose "
-                                f"template appends, or return inline observations")
-        closing = base[base.index(_MODEL) + len(_MODEL):]
-        before, _, after = full[len(base):].partition(_OBSERVATION)
+        # a reply with a reasoning block too: templates such as Qwen3's drop it once a later message follows
+        for reply in (_MODEL, _REASONING + _MODEL):
+            convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": reply}]
+            base = self.tok.apply_chat_template(convo, tokenize=False)
+            full = self.tok.apply_chat_template([*convo, {"role": role, "content": _OBSERVATION}],
+                                                add_generation_prompt=True, tokenize=False)
+            if not full.startswith(base) or _MODEL not in base or _OBSERVATION not in full:
+                raise TemplateError(f"the chat template renders earlier messages differently once a {role!r} "
+                                    f"message follows, so an episode's context cannot grow by appending: set "
+                                    f"train_dataset.turn_context=rerender (or auto), or return inline observations")
+            if reply == _MODEL:
+                closing = base[base.index(_MODEL) + len(_MODEL):]
+                before, _, after = full[len(base):].partition(_OBSERVATION)
         return closing, before, after
+
+
+def appends(tokenizer) -> bool:
+    """Whether the chat template extends a conversation by appending: what it rendered for the earlier messages
+    stays the same once a user message follows (episodes then grow one row by the template's delta)."""
+    try:
+        ChatTurns(tokenizer).observation("ok", "user", inline=False, ended_by_eos=True)
+    except TemplateError:
+        return False
+    return True
+
+
+def render(tokenizer, messages: list[dict], continuing: bool) -> list[int]:
+    """The conversation rendered whole: for the model's next message, or (`continuing`) for more of its last one
+    (an inline observation was appended to it)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=not continuing,
+                                         continue_final_message=continuing, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)

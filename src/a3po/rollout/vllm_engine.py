@@ -38,6 +38,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from a3po.models import end_ids
 from a3po.rollout.engine import Completion, GenerationRequest
 
 # Read by vLLM when it is imported, so set first. Multiprocessing off: the engine core runs
@@ -161,7 +162,7 @@ class VLLMEngine:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         limit = getattr(model.config, "max_position_embeddings", None) or 2048
-        kw.setdefault("eos_token_ids", (tokenizer.eos_token_id,))
+        kw.setdefault("eos_token_ids", tuple(end_ids(model, tokenizer)))
         engine = cls(folder, max_model_len=min(2048, limit), **kw)
         engine._model_dir = folder
         return engine

@@ -122,7 +122,7 @@ class _Worker:
         import transformers
 
         from a3po.devices import resolve_device, resolve_dtype, torch_dtype
-        from a3po.models import load_policy
+        from a3po.models import end_ids, load_policy
         from a3po.models.head import use_fp32_head
         from a3po.rollout.local import LocalEngine
 
@@ -154,7 +154,7 @@ class _Worker:
                 use_fp32_head(model)
             self._folding(model, weights)
             self.engine = LocalEngine(
-                model, eos_token_ids=[self.tok.eos_token_id], decode=self.tok.decode, max_batch=max_batch,
+                model, eos_token_ids=end_ids(model, self.tok), decode=self.tok.decode, max_batch=max_batch,
                 version=version, forward=cfg.rollout.forward,
                 reprefill_on_update=reprefill,
             )

@@ -28,6 +28,7 @@ class EpisodeInfo:
     env_s: float = 0.0  # time its environment calls took, waiting included ...
     wall_s: float = 0.0  # ... of its whole life in the worker
     malformed_tool_calls: int = 0  # an agent's replies whose tool-call text could not be read
+    rerendered_tokens: int = 0  # context tokens rendered again for its later turns' rows (turn_context rerender)
 
 
 @dataclass
@@ -42,8 +43,8 @@ class Trajectory:
     finish_reason: str = "stop"  # "stop" (end-of-sequence or stop string), "length"; episodes: see rollout/episodes.py
     output_mask: list[bool] | None = None  # which output tokens the model generated; None: all of them
     episode: EpisodeInfo | None = None  # set on multi-turn episodes (on an agent's episode, on its first row)
-    part: int = 0  # an agent's episode in several rows (rollout/agents.py): this row's index; rows after the
-    # first follow it in the group and share its reward and advantage
+    part: int = 0  # an episode in several rows (an agent's, or one re-rendered per turn): this row's index; rows
+    # after the first follow it in the group and share its reward and advantage
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
