@@ -4,8 +4,9 @@ Proves: the model sees the game's opening as its first prompt and, after each mo
 the game said since (never its own move echoed, never the history again); the game's end and
 its reward for player 0 become the episode's (a win 1, a lost game its partial credit, invalid
 moves answered and then ending the game); an example seeds its game, so replaying the moves
-rebuilds the episode exactly (what a replaced environment process does) and different examples
-give different games; the configuration names a missing game, a misspelt one and a two-player
+rebuilds the episode exactly (what a replaced environment process does), a game's draws during
+play do not depend on other episodes' moves in between, and different examples give different
+games; the configuration names a missing game, a misspelt one and a two-player
 one in one line each, and checking a game leaves this process's random generator alone.
 The extra's absence is tests/test_extras.py's; a run training a game is tests/test_episodes_e2e.py's.
 """
@@ -85,6 +86,21 @@ def test_an_example_seeds_its_game_so_a_fresh_process_rebuilds_an_episode_by_rep
         env.reset()
         games.add(secret(env))
     assert len(games) >= 8, games  # twenty examples, not one game
+
+
+def test_a_game_that_draws_during_play_repeats_its_draws_however_episodes_interleave():
+    moves = ["[Up]", "[Left]", "[Down]", "[Right]"] * 2
+    alone = TextArenaEnv(example(3), "2048-v0")
+    boards = [alone.reset()] + [alone.step(m).observation for m in moves]
+    env, other = TextArenaEnv(example(3), "2048-v0"), TextArenaEnv(example(4), "2048-v0")
+    mixed = [env.reset()]
+    other.reset()
+    for m in moves:  # another episode's moves draw from the same generator in between
+        other.step(m)
+        random.random()
+        mixed.append(env.step(m).observation)
+    assert mixed == boards
+    assert len(set(boards)) > 4  # new tiles appeared: the game did draw
 
 
 def spec(*overrides: str):

@@ -7,9 +7,11 @@ said since the model's last move (its echo of that move left out), and the model
 to the game as it is. TextArena games reward only at the end: the episode's reward is what
 the game gives player 0 then (1 for a win; a loss 0, -1 or partial credit, as the game defines).
 
-Each example seeds its game with a hash of its question and answer, so an episode is the same
-given its example and the model's moves (a3po rebuilds an episode by replaying them, host.py)
-and the held-out split is the dataset's. The library is imported only when a game is asked for.
+Each example seeds its game with a hash of its question and answer, and each move reseeds
+Python's `random` (which TextArena's games draw from, 2048's new tiles for one) from that seed
+and the move's number: an episode is the same given its example and the model's moves, however
+the episodes sharing its process interleave, so a3po can rebuild it by replaying them (host.py).
+The library is imported only when a game is asked for.
 """
 
 from __future__ import annotations
@@ -74,12 +76,15 @@ class TextArenaEnv:
     def __init__(self, example, game_id: str):
         self.game = make_game(game_id)
         self.seed = game_seed(example)
+        self.moves = 0
 
     def reset(self) -> str:
         self.game.reset(num_players=1, seed=self.seed)
         return self._news()
 
     def step(self, action: str) -> Step:
+        self.moves += 1
+        random.seed(f"{self.seed}/{self.moves}")
         done, _ = self.game.step(action)
         if done:
             rewards, _ = self.game.close()
