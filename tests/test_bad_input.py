@@ -180,6 +180,9 @@ CASES = {
     "env-template-rewrites-history": Case([*TINY, "actor.path=./rewrites", "train_dataset.env=retry",
                                            "train_dataset.turn_context=append"],
                                           "renders earlier messages differently", model_rewriting_history),
+    "env-textarena-without-game": early([*TINY, "train_dataset.env=textarena"], "train_dataset.env_id=None"),
+    "env-textarena-game-misspelt": early([*TINY, "train_dataset.env=textarena",
+                                          "train_dataset.env_id=GuessTheNumbr-v0"], "did you mean 'GuessTheNumber-v0'"),
     "env-discount-out-of-range": early([*TINY, "train_dataset.turn_discount=1.5"], "turn_discount"),
     # agents
     "agent-attribute-misspelt": early([*TINY, "train_dataset.agent=agent_good:rn"], "did you mean 'agent_good:run'"),
@@ -214,6 +217,8 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, reques
     case = CASES[name]
     if name == "wandb-not-installed" and _installed("wandb"):
         pytest.skip("wandb is installed here")
+    if name == "env-textarena-game-misspelt" and not _installed("textarena"):
+        pytest.skip("the textarena extra is not installed here (make installs it)")
     if name == "vllm-missing" and _installed("vllm"):
         pytest.skip("vLLM is installed here")
     if name.startswith("no-cuda") and _cuda():

@@ -1,14 +1,15 @@
 """Multi-turn training end to end: real `a3po train` runs of the tiny model in each built-in environment.
 
 Proves: each built-in environment trains (episode metrics and held-out episodes logged, the
-staleness bound held per token); with two workers, two trainer ranks and a worker killed
-mid-episode, the killed worker's groups are redone in their slots and no step is lost or
-done twice; a run with an environment resumes where it stopped; the environment written in
-docs/training.md trains with the command given there.
+staleness bound held per token), and so does a game of the TextArena library; with two
+workers, two trainer ranks and a worker killed mid-episode, the killed worker's groups are
+redone in their slots and no step is lost or done twice; a run with an environment resumes
+where it stopped; the environment written in docs/training.md trains with the command given there.
 """
 
 import json
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -38,6 +39,25 @@ def test_each_builtin_environment_trains(env, tmp_path):
     assert [r["step"] for r in evals] == [0, 2, 4]
     if env == "retry":  # the feedback is a user message: a third or more of the tokens after the prompt
         assert all(r["episode/observation_token_frac"] > 0.2 for r in trained if r["episode/turns_mean"] > 1.5)
+
+
+def test_a_textarena_game_trains_with_the_command_in_the_docs(tmp_path):
+    """One step of docs/training.md's TextArena command (the textarena extra): the tiny model's moves are invalid,
+    so each episode is the game's one allowed invalid move and the second, which ends the game with no credit."""
+    pytest.importorskip("textarena", reason="the textarena extra is not installed (make installs it)")
+    page = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    command = shlex.split(page.split("```bash\na3po train train_dataset.env=textarena ", 1)[1].split("\n", 1)[0])
+    assert "train_dataset.env_id=GuessTheNumber-v0" in command and any("system_prompt=" in a for a in command)
+    no_eval = ["evaluator.initial=false", "evaluator.freq_steps=0"]  # held-out episodes: the built-ins' test above
+    res = a3po("train", *TINY, "train_dataset.env=textarena", *command, "total_train_steps=1", *no_eval,
+               cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = metrics(tmp_path / "runs" / "tiny")
+    assert [r["step"] for r in rows] == [1]
+    step = rows[0]
+    assert step["episode/finish/done"] == 1.0 and step["episode/turns_mean"] == 2.0
+    assert step["rollout/reward_failures"] == 0 and step["rollout/reward_mean"] == 0.0
+    assert step["episode/observation_token_frac"] > 0.5  # the game's rules and its invalid-move message
 
 
 def test_a_worker_killed_mid_episode_with_two_ranks_loses_and_repeats_nothing(launch, tmp_path):

@@ -20,10 +20,10 @@ def missing(*packages: str):
 def test_the_line_names_the_feature_the_package_and_the_pip_command():
     assert extras.missing_line("lora", "actor.lora.rank=16") == (
         "actor.lora.rank=16 needs the peft package, which is not installed here: pip install 'a3po[lora]'")
-    assert set(extras.PACKAGES) == {"plots", "agents", "lora"}
+    assert set(extras.PACKAGES) == {"plots", "agents", "lora", "textarena"}
 
 
-def test_a_configuration_needs_openai_for_an_agent_and_peft_only_to_train_adapters():
+def test_a_configuration_needs_openai_for_an_agent_textarena_for_its_games_and_peft_only_to_train_adapters():
     agent = load_config(None, ["train_dataset.agent=my_agent:run"])
     lora = load_config(None, ["actor.lora.rank=4"])
     with pytest.raises(ConfigError, match=r"^train_dataset.agent=my_agent:run needs the openai package, .*"
@@ -32,7 +32,11 @@ def test_a_configuration_needs_openai_for_an_agent_and_peft_only_to_train_adapte
     with pytest.raises(ConfigError, match=r"^actor.lora.rank=4 needs the peft package"):
         extras.check(lora, have=missing("peft"))
     extras.check(lora, training=False, have=missing("peft"))  # `a3po eval` folds a saved adapter without peft
-    extras.check(load_config(None, []), have=missing("openai", "peft", "matplotlib"))  # the default needs none
+    extras.check(load_config(None, []), have=missing("openai", "peft", "matplotlib", "textarena"))  # none needed
+    game = load_config(None, ["train_dataset.env=textarena", "train_dataset.env_id=GuessTheNumber-v0"])
+    with pytest.raises(ConfigError, match=r"^train_dataset.env=textarena needs the textarena package, .*"
+                                          r"pip install 'a3po\[textarena\]'$"):
+        extras.check(game, training=False, have=missing("textarena"))  # `a3po eval` plays the game too
 
 
 @pytest.mark.parametrize("argv, line", [

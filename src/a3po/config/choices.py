@@ -11,6 +11,7 @@ and device names into torch objects.
 from __future__ import annotations
 
 AUTO = "auto"  # dtype, device and forward: decided from the machine and the model at start-up
+TEXTARENA = "textarena"  # train_dataset.env: a game of the TextArena library, train_dataset.env_id (envs/textarena.py)
 
 
 class Dtype:

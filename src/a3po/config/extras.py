@@ -4,6 +4,7 @@
     plots   matplotlib  the PNG plots of `a3po bench e2e` and `a3po bench staleness`
     agents  openai      the client an agent gets (train_dataset.agent)
     lora    peft        LoRA adapter layers and their file format, to train them (actor.lora.rank > 0)
+    textarena textarena TextArena's games as environments (train_dataset.env=textarena)
 
 Where a feature is asked for and its package is missing, it is refused before anything starts,
 in one line naming the pip command (a ConfigError: exit code 2), not with an ImportError deep in
@@ -18,10 +19,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 
+from a3po.config.choices import TEXTARENA
 from a3po.config.load import ConfigError
 from a3po.config.schema import Config
 
-PACKAGES = {"plots": "matplotlib", "agents": "openai", "lora": "peft"}  # extra -> the package it installs
+# extra -> the package it installs
+PACKAGES = {"plots": "matplotlib", "agents": "openai", "lora": "peft", "textarena": "textarena"}
 
 
 def installed(package: str) -> bool:
@@ -41,8 +44,10 @@ def require(extra: str, feature: str, have: Callable[[str], bool] | None = None)
 
 
 def check(cfg: Config, training: bool = True, have: Callable[[str], bool] | None = None) -> None:
-    """The extras `cfg` needs: an agent's openai wherever it runs; peft only to train adapters."""
+    """The extras `cfg` needs: an agent's openai and TextArena wherever they run; peft only to train adapters."""
     if cfg.train_dataset.agent is not None:
         require("agents", f"train_dataset.agent={cfg.train_dataset.agent}", have)
+    if cfg.train_dataset.env == TEXTARENA:
+        require("textarena", f"train_dataset.env={TEXTARENA}", have)
     if training and cfg.actor.lora.rank > 0:
         require("lora", f"actor.lora.rank={cfg.actor.lora.rank}", have)

@@ -20,6 +20,7 @@ from a3po.algo import variants
 from a3po.algo.schedule import LR_SCHEDULES
 from a3po.config.choices import (
     AUTO,
+    TEXTARENA,
     Backend,
     Device,
     DpMode,
@@ -276,8 +277,11 @@ class DatasetConfig:
     dynamic_filtering: bool = opt(False, "drop groups whose rewards are all equal (no learning signal) "
                                          "and refill from the dataset")
     env: str | None = opt(None, "multi-turn episodes in an environment: retry (wrong answers get 'try again'), "
-                                "calculator (a <calc> tool), guess (higher/lower) or module:Class (docs/training.md); "
+                                f"calculator (a <calc> tool), guess (higher/lower), {TEXTARENA} (a TextArena game, "
+                                "train_dataset.env_id) or module:Class (docs/training.md); "
                                 "null = single-turn completions scored by train_dataset.reward")
+    env_id: str | None = opt(None, f"with env={TEXTARENA}: the single-player TextArena game, e.g. "
+                                   "GuessTheNumber-v0 (the textarena extra)")
     max_turns: int = opt(4, "with env or agent: the most model turns (agent: model calls) per episode; "
                             "gconfig.max_new_tokens is per turn", ge=1)
     max_context_tokens: int = opt(1024, "with env or agent: the most tokens an episode's context (prompt, turns, "
@@ -488,6 +492,9 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("rollout.lockstep", True, (
             "false with train_dataset.agent: an agent's requests arrive when its code sends them, which timing "
             "decides")))
+    if d.env == TEXTARENA and not d.env_id:
+        problems.append(("train_dataset.env_id", d.env_id, f"set with train_dataset.env={TEXTARENA}: the "
+                                                           "single-player TextArena game, e.g. GuessTheNumber-v0"))
     if d.task == "file" and not d.path:
         problems.append(("train_dataset.path", d.path,
                          "a JSONL/Parquet file or dataset directory when train_dataset.task=file"))
@@ -531,6 +538,8 @@ def inert_keys(cfg: Config) -> list[tuple[str, Any, str]]:
          "train_dataset.env or train_dataset.agent", "both are null", "set one of them"),
         ("train_dataset", ("turn_discount", "env_timeout_s", "turn_context"), env, "train_dataset.env",
          "train_dataset.env is null", "set an environment"),
+        ("train_dataset", ("env_id",), d.env == TEXTARENA, f"train_dataset.env={TEXTARENA}",
+         f"train_dataset.env is {d.env or 'null'}", f"set train_dataset.env={TEXTARENA}"),
         ("train_dataset", ("agent_timeout_s", "tool_call_format"), agent, "train_dataset.agent",
          "train_dataset.agent is null", "set an agent"),
         ("actor", ("kl_estimator",), a.kl_ctl > 0, "actor.kl_ctl > 0", "actor.kl_ctl is 0", "set actor.kl_ctl"),

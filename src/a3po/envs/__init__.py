@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from a3po.config.choices import TEXTARENA
 from a3po.config.load import suggest
 from a3po.config.schema import DatasetConfig
 from a3po.data import DataError, TaskData
@@ -22,6 +23,7 @@ from a3po.envs.base import Env, EnvOutputError, Step
 from a3po.envs.calculator import CalculatorEnv
 from a3po.envs.guess import GuessEnv
 from a3po.envs.retry import RetryEnv
+from a3po.envs.textarena import TextArenaEnv, check_game
 
 BUILTIN_ENVS = {"retry": RetryEnv, "calculator": CalculatorEnv, "guess": GuessEnv}
 
@@ -37,10 +39,14 @@ class EnvSpec:
 
 
 def build_env(cfg: DatasetConfig, task: TaskData, reward_fn) -> EnvSpec | None:
-    """The environment `cfg.env` names (a built-in, or module:Class), or None without one."""
+    """The environment `cfg.env` names (a built-in, a TextArena game, or module:Class), or None without one."""
     if cfg.env is None:
         return None
-    if cfg.env in BUILTIN_ENVS:
+    if cfg.env == TEXTARENA:
+        check_game(cfg.env_id)
+        cls = TextArenaEnv
+        factory = functools.partial(cls, game_id=cfg.env_id)
+    elif cfg.env in BUILTIN_ENVS:
         cls = BUILTIN_ENVS[cfg.env]
         factory: Callable = functools.partial(cls, reward_fn=reward_fn)
     elif ":" in cfg.env:
@@ -51,8 +57,8 @@ def build_env(cfg: DatasetConfig, task: TaskData, reward_fn) -> EnvSpec | None:
                             f"{' and '.join(missing or ['to be callable'])}; define a class with "
                             f"__init__(self, example), reset(self) and step(self, action)")
     else:
-        raise DataError(f"train_dataset.env={cfg.env!r} is unknown{suggest(cfg.env, BUILTIN_ENVS)}; "
-                        f"use {', '.join(BUILTIN_ENVS)} or module:Class")
+        raise DataError(f"train_dataset.env={cfg.env!r} is unknown{suggest(cfg.env, [*BUILTIN_ENVS, TEXTARENA])}; "
+                        f"use {', '.join([*BUILTIN_ENVS, TEXTARENA])} or module:Class")
     stop = getattr(cls, "stop", ())
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
         raise DataError(f"train_dataset.env={cfg.env!r}: its stop attribute must be a tuple of non-empty strings, "
@@ -63,4 +69,4 @@ def build_env(cfg: DatasetConfig, task: TaskData, reward_fn) -> EnvSpec | None:
     return EnvSpec(cfg.env, factory, tuple(stop), float(discount))
 
 
-__all__ = ["BUILTIN_ENVS", "Env", "EnvOutputError", "EnvSpec", "Step", "build_env"]
+__all__ = ["BUILTIN_ENVS", "TEXTARENA", "Env", "EnvOutputError", "EnvSpec", "Step", "build_env"]
