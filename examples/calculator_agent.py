@@ -8,7 +8,7 @@ A reply without a call is the final answer: reward 1 if its number is the refere
 """
 
 from a3po.data.rewards import canonical_number, extract_final_answer
-from a3po.envs.arith import ArithError, evaluate, format_number
+from a3po.envs.arith import calculate
 
 ASK = ("Use the calculator by writing <calc>expression</calc>, e.g. <calc>12 + 34</calc>; its result comes back "
        "as <result>value</result>. Then give the final answer as a number.")
@@ -23,9 +23,6 @@ async def run(example, client) -> float:
         if "<calc>" not in text:  # the final answer
             answer = canonical_number(extract_final_answer(text))
             return float(answer is not None and answer == canonical_number(example.answer))
-        try:
-            result = format_number(evaluate(text.rsplit("<calc>", 1)[1]))
-        except ArithError as e:
-            result = f"error: {e}"
+        result, _ = calculate(text.rsplit("<calc>", 1)[1])
         messages.append({"role": "user", "content": f"<result>{result}</result>"})
     return 0.0

@@ -13,7 +13,7 @@ from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 
 from a3po.data.rewards import canonical_number, extract_final_answer
-from a3po.envs.arith import ArithError, evaluate, format_number
+from a3po.envs import arith
 
 # The SDK exports traces to OpenAI's servers by default; a training run talks to its own endpoint only.
 set_tracing_disabled(True)
@@ -28,10 +28,7 @@ MAX_TURNS = 4  # model calls per episode: at most train_dataset.max_turns (4 by 
 @function_tool
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression: numbers, + - * / and brackets."""
-    try:
-        return format_number(evaluate(expression))
-    except ArithError as e:
-        return f"error: {e}"
+    return arith.calculate(expression)[0]
 
 
 async def run(example, client) -> float:

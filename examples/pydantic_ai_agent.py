@@ -15,7 +15,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from a3po.data.rewards import canonical_number, extract_final_answer
-from a3po.envs.arith import ArithError, evaluate, format_number
+from a3po.envs import arith
 
 # A chat template that renders no tools (SmolLM2's, the tiny models') shows the model only this text,
 # so it says how a call is written.
@@ -26,10 +26,7 @@ MAX_TURNS = 4  # model calls per episode: at most train_dataset.max_turns (4 by 
 
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression: numbers, + - * / and brackets."""
-    try:
-        return format_number(evaluate(expression))
-    except ArithError as e:
-        return f"error: {e}"
+    return arith.calculate(expression)[0]
 
 
 async def run(example, client) -> float:

@@ -42,6 +42,14 @@ def evaluate(text: str) -> Fraction:
     return value
 
 
+def calculate(text: str) -> tuple[str, bool]:
+    """A calculator tool's answer to an expression: (its value formatted, False), or ("error: why", True)."""
+    try:
+        return format_number(evaluate(text)), False
+    except ArithError as e:
+        return f"error: {e}", True
+
+
 def format_number(value: Fraction) -> str:
     """Exact when it can be (`7`, `0.125`), else rounded half away from zero to PLACES decimals, all shown
     (`0.333333`, `-0.000000` for a small negative), so a rounded result reads as one. Integer arithmetic on the

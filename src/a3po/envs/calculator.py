@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from a3po.envs.arith import ArithError, evaluate, format_number
+from a3po.envs.arith import calculate
 from a3po.envs.base import Step
 
 OPEN, CLOSE = "<calc>", "</calc>"
@@ -35,9 +35,6 @@ class CalculatorEnv:
     def step(self, action: str) -> Step:
         calls = _CALL.findall(action)
         if calls and action.rstrip().endswith(CLOSE):
-            try:
-                result, error = format_number(evaluate(calls[-1])), False
-            except ArithError as e:
-                result, error = f"error: {e}", True
+            result, error = calculate(calls[-1])
             return Step(f"<result>{result}</result>", inline=True, tool_call=True, tool_error=error)
         return Step(reward=self.reward_fn(action, self.example), done=True)
