@@ -75,6 +75,7 @@ SECTIONS = {
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
+SECTIONS["Agent frameworks on SmolLM2"] = ("agent-frameworks-smollm2/openai-agents", "agent-frameworks-smollm2/pydantic-ai")
 QUOTES = {"Part 6:": ("The default run and the staleness study", "The clean clone after multi-turn episodes")}
 # sections whose every number with this many decimals or more is looked up (3 elsewhere: at 2, a wrong number too
 # often equals some right one)
@@ -332,7 +333,7 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _before_after(c, folder)
         elif folder in ("lora-step", "lora-memory"):
             _step(c, folder)
-        elif folder == "smollm2-icepop-topp":
+        elif folder == "smollm2-icepop-topp" or folder.startswith("agent-frameworks-smollm2/"):
             _run(c, folder)
         else:
             raise AssertionError(f"no reader for {folder}")
