@@ -75,7 +75,9 @@ SECTIONS = {
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
-SECTIONS["Agent frameworks on SmolLM2"] = ("agent-frameworks-smollm2/openai-agents", "agent-frameworks-smollm2/pydantic-ai")
+SECTIONS["TextArena's GuessTheNumber on SmolLM2"] = ("textarena-smollm2",)
+SECTIONS["Agent frameworks on SmolLM2"] = ("agent-frameworks-smollm2/openai-agents",
+                                           "agent-frameworks-smollm2/pydantic-ai")
 QUOTES = {"Part 6:": ("The default run and the staleness study", "The clean clone after multi-turn episodes")}
 # sections whose every number with this many decimals or more is looked up (3 elsewhere: at 2, a wrong number too
 # often equals some right one)
@@ -289,7 +291,8 @@ def _run(c: Catalogue, folder: str) -> None:
         c.intervals.append((acc, lo, hi))
         c.values += [acc, lo, hi]
     rows = [json.loads(line) for line in (RESULTS / folder / "metrics.jsonl").read_text().splitlines() if line]
-    c.values += [v for r in rows for k, v in r.items() if k.startswith("loss/") and isinstance(v, float)]
+    c.values += [v for r in rows for k, v in r.items() if k.startswith(("loss/", "eval/", "rollout/reward"))
+                 and isinstance(v, float)]
 
 
 def _before_after(c: Catalogue, folder: str) -> None:
@@ -333,7 +336,7 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _before_after(c, folder)
         elif folder in ("lora-step", "lora-memory"):
             _step(c, folder)
-        elif folder == "smollm2-icepop-topp" or folder.startswith("agent-frameworks-smollm2/"):
+        elif folder in ("smollm2-icepop-topp", "textarena-smollm2") or folder.startswith("agent-frameworks-smollm2/"):
             _run(c, folder)
         else:
             raise AssertionError(f"no reader for {folder}")
