@@ -137,9 +137,13 @@ def test_a_weight_update_inside_a_turn_gives_the_episode_two_versions_in_order(t
             p.add_(0.05 * torch.randn_like(p))
     weights = new.state_dict()
 
-    def update(engine, steps):
-        if steps == 9:  # inside the second turn (turns are 6 tokens, observations take an idle poll)
-            engine.update_weights(weights, version=1)
+    seen = []
+
+    def update(engine, steps):  # two engine steps into the second turn (of 6 tokens), whatever the env's timing
+        if len(engine.requests) == 2:
+            seen.append(steps)
+            if len(seen) == 2:
+                engine.update_weights(weights, version=1)
 
     engine = engine_for(model, tok, reprefill_on_update=False)
     (ep,) = run_episodes(engine, tok, Echo, examples(("Say something.", "4")), during=update)
