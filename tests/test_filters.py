@@ -13,7 +13,7 @@ from a3po.config import load_config
 from a3po.models import load_policy
 from a3po.rollout.engine import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.sampling import sample
+from a3po.rollout.sampling import distribution, draw
 from a3po.trainer.engine import TrainEngine
 from a3po.trainer.logprobs import token_logp_entropy
 from a3po.trajectories import Trajectory, collate
@@ -62,7 +62,8 @@ def test_the_sampler_draws_only_kept_tokens_and_records_their_renormalised_log_p
         torch.tensor([0.9, 1.0, 1.0, 0.8]), torch.tensor([0.0, 0.0, 0.1, 0.05])
     want = torch.log_softmax(filter_logits(logits / 0.7, top_k, top_p, min_p), -1)
     for _ in range(200):
-        tokens, logp = sample(logits, temperature, top_k, top_p, torch.zeros(n, dtype=torch.bool), gens, min_p)
+        greedy = torch.zeros(n, dtype=torch.bool)
+        tokens, logp = draw(distribution(logits, temperature, top_k, top_p, greedy, min_p), greedy, gens)
         chosen = want.gather(1, tokens[:, None])[:, 0]
         assert torch.isfinite(chosen).all(), "a filtered-out token was drawn"
         assert logp.tolist() == pytest.approx(chosen.tolist(), abs=1e-5)

@@ -17,7 +17,7 @@ from conftest import actor_cfg
 
 from a3po.rollout import GenerationRequest, generate
 from a3po.rollout.local import LocalEngine
-from a3po.rollout.sampling import sample
+from a3po.rollout.sampling import distribution, draw
 from a3po.trainer.engine import TrainEngine
 from a3po.trajectories import Trajectory, collate
 
@@ -211,13 +211,14 @@ def test_stop_string_and_length_finish_reasons(tiny, forward):
 
 
 def draws(logits, n, **settings):
-    """`n` draws of `sample` on every row of `logits` (B, V), one generator per row: tokens (n, B), log-probs (n, B)."""
+    """`n` draws (`distribution`, then `draw`) on every row of `logits` (B, V), one generator per row: tokens
+    (n, B), log-probs (n, B)."""
     B = logits.shape[0]
     gens = [torch.Generator().manual_seed(100 + r) for r in range(B)]
     args = {"temperature": torch.ones(B), "top_k": torch.zeros(B, dtype=torch.long), "top_p": torch.ones(B),
             "greedy": torch.zeros(B, dtype=torch.bool)}
     args.update(settings)
-    out = [sample(logits, generators=gens, **args) for _ in range(n)]
+    out = [draw(distribution(logits, **args), args["greedy"], gens) for _ in range(n)]
     return torch.stack([t for t, _ in out]), torch.stack([lp for _, lp in out])
 
 

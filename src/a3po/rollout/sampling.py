@@ -13,7 +13,7 @@ vocabulary per row per step cost more than the rest of sampling together. The lo
 log p of the drawn token, whose fp32 relative rounding (1e-7) is far below anything that
 matters to an importance weight.
 
-`sample` is `distribution` then `draw`; an engine that was asked for a request's most likely
+A token is `draw` over `distribution`'s p; an engine that was asked for a request's most likely
 alternatives (`top_logprobs`) reads them from the same p with `alternatives`, for that
 request's rows only and only on steps where one asked, so sampling without them costs nothing more.
 """
@@ -26,13 +26,6 @@ from torch import Tensor
 from a3po.algo.filters import filter_logits
 
 BLOCK = 256  # tokens per block of the two-level inverse CDF
-
-
-def sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, greedy: Tensor,
-           generators: list[torch.Generator], min_p: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """One token per row and its log-prob: (B,) long, (B,) float. Greedy rows take the argmax of
-    the raw logits and report the raw model's log-prob (their temperature and filters unused)."""
-    return draw(distribution(logits, temperature, top_k, top_p, greedy, min_p), greedy, generators)
 
 
 def distribution(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, greedy: Tensor,
