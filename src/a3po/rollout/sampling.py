@@ -1,6 +1,6 @@
 """Next-token sampling with per-row settings and per-row random streams.
 
-`sample` returns each row's token and its log-prob under the distribution it was drawn
+`draw` returns each row's token and its log-prob under the distribution it was drawn
 from (temperature, then min-p, top-k and top-p as algo/filters.py applies them), so the
 behaviour log-prob is exactly the probability of the draw. Each row draws with one uniform from its own generator, by
 inverse CDF: a request's samples depend on its seed only, not on which other requests
