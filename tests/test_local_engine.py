@@ -218,7 +218,8 @@ def draws(logits, n, **settings):
     args = {"temperature": torch.ones(B), "top_k": torch.zeros(B, dtype=torch.long), "top_p": torch.ones(B),
             "greedy": torch.zeros(B, dtype=torch.bool)}
     args.update(settings)
-    out = [draw(distribution(logits, **args), args["greedy"], gens) for _ in range(n)]
+    p = distribution(logits, **args)  # a function of the logits and settings alone: the same for every draw
+    out = [draw(p, args["greedy"], gens) for _ in range(n)]
     return torch.stack([t for t, _ in out]), torch.stack([lp for _, lp in out])
 
 
