@@ -121,6 +121,15 @@ def test_a_built_reward_scores_in_the_child():
         r.close()
 
 
+@pytest.mark.parametrize("module", ["a3po.data.scoring", "a3po.agents.host"])
+def test_a_child_whose_parent_stopped_before_sending_its_code_exits_quietly(module):
+    """A run stopped during start-up closes the pipe before the reward function or agent is sent: the child
+    ends without a traceback (the user saw one under the run's one-line message)."""
+    child = __import__(module, fromlist=["CHILD"]).CHILD
+    res = subprocess.run([sys.executable, "-c", child], stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == b"", res.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_the_child_exits_when_its_parent_is_killed(tmp_path):
     """The child reads end-of-file when its parent dies, whatever it was doing, and exits."""

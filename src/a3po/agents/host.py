@@ -159,7 +159,9 @@ def _read_answers(stream, answers: queue.Queue, gen: int) -> None:
 
 def _serve() -> None:
     requests, out = child_pipes()
-    agent = pickle.loads(read_frame(requests)).resolve()
+    if (first := read_frame(requests)) is None:
+        return  # the parent closed the pipe before it sent the agent (stopped during start-up)
+    agent = pickle.loads(first).resolve()
     lock = threading.Lock()
     loop = asyncio.new_event_loop()
     tasks: dict[Hashable, asyncio.Task] = {}

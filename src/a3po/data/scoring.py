@@ -281,7 +281,9 @@ def child_pipes() -> tuple[BinaryIO, BinaryIO]:
 def _serve() -> None:
     """The child: answer frames (a call id, then the pickled args) until the parent closes the pipe."""
     requests, answers = child_pipes()
-    handler = pickle.loads(read_frame(requests))
+    if (first := read_frame(requests)) is None:
+        return  # the parent closed the pipe before it sent the handler (stopped during start-up): nothing to serve
+    handler = pickle.loads(first)
     while (frame := read_frame(requests)) is not None:
         (call_id,), args = HEADER.unpack(frame[:HEADER.size]), pickle.loads(frame[HEADER.size:])
         try:
