@@ -5,8 +5,14 @@ import importlib.util
 import os
 import signal
 
-import pytest
-import torch
+# The suite runs several processes per core (pytest-xdist, and each test's own a3po processes). OpenMP's
+# default keeps a thread spinning at every barrier for its peers: with a peer descheduled, a small op then
+# costs milliseconds of spinning instead of microseconds. Passive waits yield the core. Set before torch
+# loads OpenMP, here and in every process a test starts (they inherit the environment).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from procs import Run
 
 from a3po.config import load_config
