@@ -39,6 +39,7 @@ from a3po.bench.staleness import (
 )
 from a3po.bench.staleness_report import lines_by_eta, markdown, plot
 from a3po.config import ConfigError, load_config
+from a3po.machine import code_commit
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY = ["--preset", "tiny", "total_train_steps=4", "gconfig.max_new_tokens=8", "logging.tensorboard=false",
@@ -78,6 +79,11 @@ def test_every_cell_trains_its_steps_within_its_eta(bench):
         assert 0 <= r["eval_initial"] <= 1 and 0 <= r["eval_final"] <= 1 and r["train_wall_s"] > 0
         assert 0 <= r["clipped_frac"] <= 1 and r["step_s"] > 0
         assert not (cwd / r["run_dir"] / "checkpoints").exists()
+        assert r["code_commit"] == code_commit(), key  # the code each run was made from, for a study's provenance
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+                          timeout=30)
+    if head.returncode == 0:  # a checkout (CI's clean clone is one): the commit is its HEAD
+        assert code_commit().removesuffix("+changes") == head.stdout.strip()
     assert runs["coupled-eta0-mb1-seed1"]["stale_max"] == 0
     cfgs = rec["configs"]
     assert cfgs["coupled-eta0-mb1-seed1"]["actor"]["use_decoupled_loss"] is False

@@ -3,6 +3,7 @@ its registration read from a real git repository, and the pilot mode on the comm
 
 import json
 import math
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -44,14 +45,14 @@ def test_the_endpoints_of_one_run():
         eq.endpoint(rows[::2], "area")
 
 
-def _study(folder: Path, finals: dict[tuple[str, int], float], lr=1e-5, failed=()):
+def _study(folder: Path, finals: dict[tuple[str, int], float], lr=1e-5, failed=(), commit=None):
     """A staleness study folder as the bench writes it: results.json (runs, configs) and each run's held_out.jsonl,
-    with 100 problems whose first round(100 * final) are solved."""
+    with 100 problems whose first round(100 * final) are solved; each run made from `commit`."""
     runs, configs = [], {}
     for (arm, seed), final in finals.items():
         key = f"{arm}-eta8-mb4-seed{seed}"
         runs.append({"arm": arm, "eta": 8, "minibatches": 4, "seed": seed, "key": key, "ok": key not in failed,
-                     "returncode": 1 if key in failed else 0})
+                     "returncode": 1 if key in failed else 0, "code_commit": commit})
         configs[key] = {"seed": seed, "actor": {"optimizer": {"lr": lr}}, "rollout": {"lockstep": True}}
         solved = lambda acc: [1.0] * round(100 * acc) + [0.0] * (100 - round(100 * acc))
         (folder / "runs" / key).mkdir(parents=True)
@@ -85,10 +86,11 @@ def test_a_registered_study_reads_equivalent_and_says_it_followed_its_design(tmp
     _git(tmp_path, "add", "DESIGN.yaml")
     _git(tmp_path, "commit", "-q", "-m", "design")
     ref = [0.40, 0.35, 0.45, 0.38]
+    head = _head(tmp_path)
     diffs = [0.01, -0.01, 0.00, 0.01]
     finals = {("recompute", s + 1): r for s, r in enumerate(ref)}
     finals |= {("loglinear", s + 1): r + d for s, (r, d) in enumerate(zip(ref, diffs))}
-    _study(tmp_path / "cell", finals)
+    _study(tmp_path / "cell", finals, commit=head)
     page = tmp_path / "page.md"
     assert eq.main([str(tmp_path / "DESIGN.yaml"), "--out", str(page)]) == 0
     text = page.read_text()
@@ -97,7 +99,13 @@ def test_a_registered_study_reads_equivalent_and_says_it_followed_its_design(tmp
     assert f"{m:+.3f}, 90 % interval [{m - half:+.3f}, {m + half:+.3f}]" in text
     assert "equivalent within 0.03" in text
     assert "Registered: the design file was committed at" in text and "It has not changed since." in text
+    assert f"Code: 8 run(s) from {head[:10]}." in text
     assert "The records followed the design." in text
+
+
+def _head(cwd) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                          timeout=30).stdout.strip()
 
 
 def test_a_cell_short_of_its_seeds_gives_no_reading(tmp_path):
@@ -153,20 +161,30 @@ def test_the_pilot_mode_reads_the_committed_pilot_records(capsys):
     assert "area: the area endpoint needs two or more evaluations after step 0" in out  # evaluated at 0 and 24 only
 
 
-def test_registration_checks_that_the_runs_code_holds_the_design(tmp_path):
+def test_runs_made_before_the_design_or_from_changed_code_did_not_follow_it(tmp_path):
+    """Each run records the commit of the code it ran; the page reads them against the design's first commit."""
     _git(tmp_path, "init", "-q")
     (tmp_path / "README").write_text("before the design\n")
     _git(tmp_path, "add", "README")
     _git(tmp_path, "commit", "-q", "-m", "code")
-    before = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=30).stdout.strip()
+    before = _head(tmp_path)
     (tmp_path / "DESIGN.yaml").write_text(DESIGN)
     _git(tmp_path, "add", "DESIGN.yaml")
     _git(tmp_path, "commit", "-q", "-m", "design")
-    after = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=30).stdout.strip()
-    assert "which holds the design file" in " ".join(eq.registration(tmp_path / "DESIGN.yaml", after))
-    assert "does NOT hold the design file" in " ".join(eq.registration(tmp_path / "DESIGN.yaml", before))
+    after = _head(tmp_path)
+    finals = {(arm, s): 0.4 for arm in ("recompute", "loglinear") for s in range(1, 5)}
+    design = eq.load_design(tmp_path / "DESIGN.yaml")
+
+    def page(commit) -> str:
+        shutil.rmtree(tmp_path / "cell", ignore_errors=True)
+        _study(tmp_path / "cell", finals, commit=commit)
+        return " ".join(eq.markdown(design, tmp_path / "DESIGN.yaml", eq.analyse(design, tmp_path)).split())
+
+    assert "The records followed the design." in page(after)
+    assert f"{before[:10]} does not hold the design file" in page(before)
+    text = page(after + "+changes")
+    assert "with uncommitted changes" in text and "had uncommitted changes to a3po's source" in text
+    assert "8 run(s) do not record the code they were made from" in page(None)
     (tmp_path / "DESIGN.yaml").write_text(DESIGN.replace("seeds: 4", "seeds: 6"))
     _git(tmp_path, "commit", "-q", "-am", "more seeds")
-    assert "It changed after:" in " ".join(eq.registration(tmp_path / "DESIGN.yaml", None))
+    assert "It changed after:" in " ".join(eq.registration(tmp_path / "DESIGN.yaml"))

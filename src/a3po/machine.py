@@ -47,6 +47,18 @@ def git(args: list[str], cwd: Path) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
+def code_commit() -> str | None:
+    """The commit of the a3po source that is running, with "+changes" where its tracked files differ from it; None
+    where the source is not a git checkout (an installed package). A run record keeps it, so a study can show that
+    its runs were made from the code it registered."""
+    here = Path(__file__).resolve().parent
+    head = git(["rev-parse", "HEAD"], here)
+    if not head:
+        return None
+    changed = git(["status", "--porcelain", "--untracked-files=no", "--", "."], here)
+    return head + ("+changes" if changed else "")
+
+
 def _read(path: str) -> str:
     try:
         return Path(path).read_text()

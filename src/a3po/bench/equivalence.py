@@ -17,7 +17,8 @@ the arms, the cells (each a study folder beside the design file) and the number 
 for every arm and cell. A cell is read only once every seed of the design has run: stopping when a
 cell reads well is what pre-registration rules out. The page says at which commit the design was
 registered (git), whether it changed after, and whether the records followed it (no seed beyond
-the design, every fixed configuration key as fixed, no failed run).
+the design, every fixed configuration key as fixed, no failed run, every run made from a commit that
+holds the design file, as each run's record names it).
 
 Endpoints, from each run's held_out.jsonl: `final`, the held-out accuracy after the last step; `area`,
 the mean of the accuracies at every evaluation after step 0 (the area under the held-out curve).
@@ -66,7 +67,6 @@ class Design:
     seeds: int  # seeds 1..seeds in every cell, for the reference and every arm
     cells: tuple[Cell, ...]
     fixed: dict  # dotted configuration key -> the value every run must have
-    code_commit: str | None = None  # the commit the study's runs were made from
 
 
 def load_design(path: Path) -> Design:
@@ -95,7 +95,7 @@ def load_design(path: Path) -> Design:
     if not (isinstance(arms, list) and arms and all(isinstance(a, str) for a in arms)):
         raise DesignError(f"{path}: arms {arms!r}: give a list of arm names, e.g. [loglinear]")
     return Design(raw["endpoint"], float(raw["margin"]), float(raw["confidence"]), str(raw["reference"]),
-                  tuple(arms), raw["seeds"], cells, dict(raw.get("fixed") or {}), raw.get("code_commit"))
+                  tuple(arms), raw["seeds"], cells, dict(raw.get("fixed") or {}))
 
 
 def endpoint(held_out: list[dict], kind: str) -> float:
@@ -159,9 +159,8 @@ def _dotted(config: dict, key: str):
     return config
 
 
-def registration(path: Path, code_commit: str | None) -> list[str]:
-    """What git says of the design file: the commit that added it, later changes, and whether the study's code
-    commit contains it (a run from a commit that holds the design cannot have preceded it)."""
+def registration(path: Path) -> list[str]:
+    """What git says of the design file: the commit that added it, and later changes."""
     where = path.resolve().parent
     log = git(["log", "--format=%H %cs", "--follow", "--", path.name], where)
     if not log:
@@ -173,13 +172,32 @@ def registration(path: Path, code_commit: str | None) -> list[str]:
         lines.append(f"It changed after: {', '.join(c.split()[0][:10] for c in commits[-2::-1])} (see git log).")
     else:
         lines.append("It has not changed since.")
-    if code_commit:
-        holds = git(["merge-base", "--is-ancestor", first, code_commit], where) is not None
-        which = "holds the design file, so the design came first" if holds else "does NOT hold the design file"
-        lines.append(f"The runs were made from {code_commit[:10]}, which {which}.")
-    else:
-        lines.append("The design does not name the commit its runs were made from.")
     return lines
+
+
+def provenance(path: Path, commits: dict[str | None, int]) -> tuple[str, list[str]]:
+    """The code a cell's runs were made from, as each run recorded it (`a3po bench` keeps the commit of the a3po
+    source it ran), read against the design file's first commit (a run from a commit that holds the design cannot
+    have preceded it): a sentence, and the deviations among it."""
+    where = path.resolve().parent
+    log = git(["log", "--format=%H", "--follow", "--", path.name], where)
+    first = log.splitlines()[-1] if log else None
+    said, deviations = [], []
+    for commit, n in sorted(commits.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
+        if commit is None:
+            said.append(f"{n} run(s) without a recorded commit")
+            deviations.append(f"{n} run(s) do not record the code they were made from")
+            continue
+        head, changed = commit.removesuffix("+changes"), commit.endswith("+changes")
+        holds = first is not None and git(["merge-base", "--is-ancestor", first, head], where) is not None
+        said.append(f"{n} run(s) from {head[:10]}" + (" with uncommitted changes" if changed else ""))
+        if not holds:
+            deviations.append(f"{head[:10]} does not hold the design file (runs made before it, or unknown here)")
+        if changed:
+            deviations.append(f"{head[:10]}'s runs had uncommitted changes to a3po's source")
+    if not said:
+        return "", []
+    return "Code: " + "; ".join(said) + ".", deviations
 
 
 def analyse(design: Design, root: Path) -> dict:
@@ -190,7 +208,7 @@ def analyse(design: Design, root: Path) -> dict:
     for cell in design.cells:
         folder = root / cell.folder
         runs, configs = _runs(folder) if (folder / "results.json").exists() else ([], {})
-        deviations, values = [], {}
+        deviations, values, commits = [], {}, {}
         for run in runs:
             if (run["eta"], run["minibatches"]) != (cell.eta, cell.minibatches):
                 continue
@@ -208,6 +226,7 @@ def analyse(design: Design, root: Path) -> dict:
                 if _dotted(config, key) != value:
                     deviations.append(f"{run['key']}: {key} is {_dotted(config, key)!r}, the design fixed {value!r}")
             values[(arm, seed)] = endpoint(_held_out(folder, run["key"]), design.endpoint)
+            commits[run.get("code_commit")] = commits.get(run.get("code_commit"), 0) + 1
         rows = []
         for arm in design.arms:
             seeds = sorted(s for s in wanted if (arm, s) in values and (design.reference, s) in values)
@@ -219,7 +238,7 @@ def analyse(design: Design, root: Path) -> dict:
                 m, sd, lo, hi = interval(diffs, design.confidence)
                 row |= {"mean": m, "sd": sd, "interval": (lo, hi), "reading": verdict(lo, hi, design.margin)}
             rows.append(row)
-        cells.append({"cell": cell, "rows": rows, "deviations": deviations})
+        cells.append({"cell": cell, "rows": rows, "deviations": deviations, "commits": commits})
     return {"cells": cells}
 
 
@@ -230,7 +249,7 @@ def markdown(design: Design, path: Path, result: dict) -> str:
              f"Endpoint: {design.endpoint} held-out accuracy; margin +-{design.margin:g}; {design.seeds} seeds a "
              f"cell; the {pct} paired interval (two one-sided tests at {(1 - design.confidence) / 2:g}) inside the "
              "margin reads \"equivalent\", wholly outside it \"different\", else \"undecided\".", ""]
-    lines += registration(path, design.code_commit) + [""]
+    lines += registration(path) + [""]
     for c in result["cells"]:
         cell = c["cell"]
         lines += [f"## {cell.name} (eta {cell.eta}, {cell.minibatches} minibatch(es); `{cell.folder}`)", ""]
@@ -247,9 +266,11 @@ def markdown(design: Design, path: Path, result: dict) -> str:
             lines += [f"| {s} | {r:.3f} | {a:.3f} | {d:+.3f} |" for s, r, a, d in
                       zip(row["seeds"], row["reference_values"], row["arm_values"], row["differences"])]
             lines.append("")
-        followed = "The records followed the design." if not c["deviations"] else \
-            "The records did NOT follow the design: " + "; ".join(c["deviations"]) + "."
-        lines += [followed, ""]
+        code, code_deviations = provenance(path, c["commits"])
+        deviations = c["deviations"] + code_deviations
+        followed = "The records followed the design." if not deviations else \
+            "The records did NOT follow the design: " + "; ".join(deviations) + "."
+        lines += [line for line in (code, followed) if line] + [""]
     return "\n".join(lines)
 
 

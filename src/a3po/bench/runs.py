@@ -31,6 +31,7 @@ from a3po.bench.args import TrainBenchArgs
 from a3po.bench.common import progress
 from a3po.config import Config, ConfigError, dump_yaml
 from a3po.files import unique_dir
+from a3po.machine import code_commit
 from a3po.machine import machine as common_machine
 from a3po.pipeline.sinks import HELD_OUT
 
@@ -123,7 +124,7 @@ def run_one(planned: PlannedRun, bench_dir: Path, label: str, summarize: Summari
     bar.n = _steps_done(run_dir)
     bar.close()
     wall = time.perf_counter() - t0
-    head = {**planned.fields, "key": key}
+    head = {**planned.fields, "key": key, "code_commit": code_commit()}
     if child.returncode != 0:
         tail = [line for line in log_path.read_text().splitlines() if line.strip()][-1:]
         return {**head, "ok": False, "returncode": child.returncode, "error": tail[0] if tail else "",
