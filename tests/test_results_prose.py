@@ -697,3 +697,32 @@ def test_part_10_quotes_the_fidelity_record():
     assert all(recompute[k] == 0 for k in ("loss/clipped_frac", "loss/dual_clipped_frac", "loss/behav_capped_frac"))
     assert all(row[arm, "all"]["cos"] == 1.0 and row[arm, "all"]["rel_err"] == 0.0
                for arm in ("recompute-noclip", "reuse"))
+
+
+def test_the_equivalence_pilot_s_second_stage_and_the_design_are_its_records():
+    """PLAN.md's stage-2 table and the pilot command's lines are the committed records'; the design file fixes the
+    endpoint and seed count the pilot chose, and the shape the pilot measured."""
+    from a3po.bench import equivalence as eq
+
+    folder = RESULTS / "equivalence-pilot" / "stage2"
+    text = (RESULTS / "equivalence-pilot" / "PLAN.md").read_text()
+    for arm in ("recompute", "loglinear"):
+        for seed in range(1, 7):
+            rows = [json.loads(line) for line in (folder / "runs" / f"{arm}-eta8-mb4-seed{seed}" / "held_out.jsonl")
+                    .read_text().splitlines()]
+            acc = {r["step"]: sum(r["solved"]) / len(r["solved"]) for r in rows}
+            cells = [f"{acc[s]:.3f}" for s in (0, 8, 16, 24)] + [f"{eq.endpoint(rows, 'area'):.3f}"]
+            assert f"| {arm} | {seed} | " + " | ".join(cells) + " |" in text
+    printed = eq.pilot(folder, "recompute", "loglinear", 0.02, 0.90)
+    printed = printed.replace(str(folder), "docs/results/equivalence-pilot/stage2")
+    assert "\n".join("    " + line for line in printed.splitlines()) in text
+    design = eq.load_design(RESULTS / "equivalence" / "DESIGN.yaml")
+    area = re.search(r"area: .*; (\d+) seeds for a 90 % half-width of 0.02", printed)
+    assert design.endpoint == "area" and design.seeds == int(area.group(1)) and design.margin == 0.03
+    assert f"**The study runs {design.seeds} seeds a cell**" in " ".join(text.split())
+    configs = json.loads((folder / "results.json").read_text())["configs"]
+    for key, value in design.fixed.items():
+        for config in configs.values():
+            for part in key.split("."):
+                config = config[part]
+            assert config == value, key
