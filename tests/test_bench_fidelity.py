@@ -198,6 +198,13 @@ def test_a_stale_batch_over_four_minibatches_parts_coupled_from_recompute(stale)
     assert rows["coupled", "d=8"]["tokens"] == 12 and rows["coupled", "A<0"]["tokens"] == 48
     assert rows["coupled", "d=8"]["rel_err"] != coupled["rel_err"] and rows["coupled", "d=8"]["kl"] is None
     assert 0 < rec["heldout_tokens"] and rec["carried_share"] == 0.0  # a fresh AdamW: nothing carried
+    # a correction acts on the tokens its ratio leaves its band: IcePop drops some, and its step then parts from
+    # loglinear's; where it drops nothing it is loglinear's step exactly
+    icepop = rows["loglinear-icepop", "all"]
+    assert 0 < icepop["stats"]["loss/corr_masked_frac"] < 1 and icepop["rel_err"] != rows["loglinear", "all"]["rel_err"]
+    for d in range(1, 9):
+        if rows["loglinear-icepop", f"d={d}"]["stats"]["loss/corr_masked_frac"] == 0:
+            assert rows["loglinear-icepop", f"d={d}"]["rel_err"] == rows["loglinear", f"d={d}"]["rel_err"], d
     # the same record replayed again gives the same numbers, every one of them
     again = replay(rp, path, ["coupled", "reuse"], ["sign"], log=lambda line: None)
     for key, r in _by(again).items():

@@ -71,8 +71,10 @@ REASON_ETA0 = "eta = 0 is synchronous: every arm's loss is the coupled one there
 # every bound of the loss off (the -noclip arms of bench staleness and bench fidelity): lower clip 1 - 0.999,
 # upper 1 + 1000, no dual clip, no behaviour-weight cap
 NO_CLIP_BOUNDS = {"eps_clip": 0.999, "eps_clip_higher": 1000.0, "c_clip": None, "behav_imp_weight_cap": None}
-# bench fidelity's arms, defined in fidelity.py; recompute is the reference, replayed a second time as its own arm
-FIDELITY_ARMS = ("recompute", "loglinear", "linear", "coupled", "recompute-noclip", "reuse")
+# bench fidelity's arms, defined in fidelity.py; recompute is the reference, replayed a second time as its own arm;
+# the first six run by default, the corrections and surrogates when asked for by name
+FIDELITY_ARMS = ("recompute", "loglinear", "linear", "coupled", "recompute-noclip", "reuse", *CORRECTION_ARMS)
+FIDELITY_DEFAULT_ARMS = FIDELITY_ARMS[:6]
 FIDELITY_SPLITS = ("d", "sign")  # bench fidelity's --split: by staleness, by the sign of the advantage
 FIDELITY_ALL = "all"  # bench fidelity's name for the whole update, beside the parts of a split ("d=3", "A>0")
 
@@ -364,8 +366,9 @@ class FidelityArgs(TrainBenchArgs):
     minibatches: int = option(4, "actor.ppo_n_minibatches of the recorded run", ge=1)
     run: str | None = option(None, "replay the records of this run folder (trained with saver.record_steps) "
                                    "instead of training one")
-    arms: list[str] = option(list(FIDELITY_ARMS), "recompute: the reference replayed again, its rows the "
-                             "determinism check", choices=FIDELITY_ARMS, what="arm", unique=True)
+    arms: list[str] = option(list(FIDELITY_DEFAULT_ARMS), "recompute: the reference replayed again, its rows the "
+                             "determinism check; also: " + ", ".join(FIDELITY_ARMS[6:]), choices=FIDELITY_ARMS,
+                             what="arm", unique=True)
     split: list[str] = option(list(FIDELITY_SPLITS), "also one step per part of each split, on that part's tokens "
                               "alone: d (per staleness), sign (A > 0, A < 0); empty: the whole update only",
                               choices=FIDELITY_SPLITS, unique=True)

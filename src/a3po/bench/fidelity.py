@@ -18,7 +18,10 @@ Arms (every other actor key is the run's own): recompute (the exact proximal pol
 the reference replayed a second time, the determinism check), loglinear (A-3PO), linear, coupled
 (p = b, w = 1), recompute-noclip (no clip, dual clip or behaviour-weight cap: how much of the gap the
 bounds make) and reuse (p = sg(theta) at every minibatch: ratio 1, a pure behaviour-weighted policy
-gradient; the configuration refuses it in training beyond one minibatch, here it is an instrument).
+gradient; the configuration refuses it in training beyond one minibatch, here it is an instrument). Asked
+for by name: the corrections and surrogates of bench staleness and bench e2e (IcePop, geometric masking,
+token TIS, CISPO, SAPO), each over its method's proximal policy: how far each moves the step from the
+exact one, and on which tokens.
 
 An arm's update u is its change of every trained parameter net of the step's carried part: the
 change the same step makes with every advantage 0 (AdamW's momentum from earlier steps, weight
@@ -58,11 +61,12 @@ from torch import Tensor
 from a3po.algo import staleness
 from a3po.algo.filters import SamplingFilter
 from a3po.bench.agreement import ALL, agreement, cells, d_values, dot, flat, kl_rows, only, sum_norm
-from a3po.bench.args import FIDELITY_ARMS, NO_CLIP_BOUNDS, REFERENCE, FidelityArgs
+from a3po.bench.args import CORRECTION_ARMS, FIDELITY_ARMS, NO_CLIP_BOUNDS, REFERENCE, FidelityArgs
 from a3po.bench.common import json_line, progress, save_report
 from a3po.bench.fidelity_report import markdown, summary
 from a3po.bench.runs import PlannedRun, run_one
 from a3po.config import Config, ConfigError, load_config
+from a3po.config.load import apply_overrides
 from a3po.config.schema import ActorConfig
 from a3po.data import load_task
 from a3po.devices import resolve_device
@@ -80,8 +84,10 @@ from a3po.trainer.records import read_batch, read_info, recorded
 RESULTS = "results"  # results.md and results.json
 # what a replayed step's own statistics keep (algo/stats.py): where its clip, dual clip and cap acted, per d too
 KEPT_STATS = ("loss/clipped_frac", "loss/dual_clipped_frac", "loss/behav_capped_frac", "loss/ratio_mean",
-              "loss/ratio_max", "train/grad_norm", "train/n_tokens")
-PER_D_STATS = ("loss/clipped_frac_d", "loss/behav_capped_frac_d")
+              "loss/ratio_max", "train/grad_norm", "train/n_tokens", "loss/tis_truncated_frac",
+              "loss/corr_masked_frac", "loss/corr_masked_seq_frac")
+PER_D_STATS = ("loss/clipped_frac_d", "loss/behav_capped_frac_d", "loss/tis_truncated_frac_d",
+               "loss/corr_masked_frac_d")
 
 
 def kept(stats: dict[str, float]) -> dict[str, float]:
@@ -92,10 +98,19 @@ def kept(stats: dict[str, float]) -> dict[str, float]:
 class FidelityArm:
     name: str
     label: str
-    actor: dict  # the ActorConfig keys the arm sets; every other is the run's
+    actor: dict  # the ActorConfig keys the arm sets (a section's as a dict of its keys); every other is the run's
 
     def config(self, run: ActorConfig) -> ActorConfig:
-        return dataclasses.replace(run, **self.actor)
+        return dataclasses.replace(run, **{k: dataclasses.replace(getattr(run, k), **v) if isinstance(v, dict) else v
+                                           for k, v in self.actor.items()})
+
+
+def correction_arm(name: str) -> FidelityArm:
+    """A correction or surrogate arm of bench/args.py CORRECTION_ARMS: its method's proximal policy and its actor
+    keys, parsed and typed as the command line would."""
+    label, method, overrides = CORRECTION_ARMS[name]
+    keys = apply_overrides({}, list(overrides))["actor"]
+    return FidelityArm(name, label, {**DECOUPLED, "prox_logp_method": method, **keys})
 
 
 DECOUPLED = {"use_decoupled_loss": True}
@@ -108,6 +123,7 @@ ARMS = {a.name: a for a in (
     FidelityArm("recompute-noclip", "recompute without the clip, the dual clip or the cap",
                 {**DECOUPLED, "prox_logp_method": "recompute", **NO_CLIP_BOUNDS}),
     FidelityArm("reuse", "p = theta: sg(theta) at every minibatch", {**DECOUPLED, "prox_logp_method": "reuse"}),
+    *map(correction_arm, CORRECTION_ARMS),
 )}
 assert tuple(ARMS) == FIDELITY_ARMS and REFERENCE == "recompute"
 
