@@ -71,7 +71,7 @@ SECTIONS = {
     "A slow reward service": SERVICE,
     "The first staleness study": ("evidence-eta8-lockstep",),
     "LoRA": (*LORA, "lora-step", "lora-memory"),
-    "docs/training.md#Which proximal method when": STUDY,
+    "docs/training.md#Which proximal method when": (*STUDY, "fidelity-corrections"),
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
@@ -320,6 +320,17 @@ def _step(c: Catalogue, folder: str) -> None:
     c.values += [float(x) for x in re.findall(r"\d+\.\d+", (RESULTS / folder / "step.md").read_text())]
 
 
+def _fidelity(c: Catalogue, folder: str) -> None:
+    """`a3po bench fidelity` records: the summary's means per arm and part, and each record's rows and statistics."""
+    record = json.loads((RESULTS / folder / "results.json").read_text())
+    for row in record["summary"]:
+        c.values += [row[k]["mean"] for k in ("cos", "rel_norm", "rel_err", "kl") if row[k]["mean"] is not None]
+    for rec in record["records"]:
+        for row in rec.get("rows", []):
+            c.values += [row[k] for k in ("cos", "rel_norm", "rel_err", "kl") if isinstance(row.get(k), float)]
+            c.values += list(row["stats"].values())
+
+
 @cache
 def catalogue(folders: tuple[str, ...]) -> Catalogue:
     c = Catalogue()
@@ -338,6 +349,8 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _step(c, folder)
         elif folder in ("smollm2-icepop-topp", "textarena-smollm2") or folder.startswith("agent-frameworks-smollm2/"):
             _run(c, folder)
+        elif folder == "fidelity-corrections":
+            _fidelity(c, folder)
         else:
             raise AssertionError(f"no reader for {folder}")
     if any(f in LORA for f in folders):
@@ -726,3 +739,26 @@ def test_the_equivalence_pilot_s_second_stage_and_the_design_are_its_records():
             for part in key.split("."):
                 config = config[part]
             assert config == value, key
+
+
+def test_the_corrections_reading_quotes_the_fidelity_record():
+    """The numbers of "Which proximal method when" on the corrections are docs/results/fidelity-corrections'."""
+    record = json.loads((DOCS / "results/fidelity-corrections/results.json").read_text())
+    text = normal(section("docs/training.md#Which proximal method when"))
+    cos = {r["arm"]: r["cos"]["mean"] for r in record["summary"] if r["cell"] == "all"}
+    signal = [r for r in record["records"] if r["signal_tokens"] > 0]
+    assert f"steps {signal[0]['step']} and {signal[1]['step']} of one run" in text and len(signal) == 2
+
+    def stat(arm, key):
+        return [next(row for row in r["rows"] if row["arm"] == arm and row["cell"] == "all")["stats"][key]
+                for r in signal]
+
+    tis, icepop = stat("recompute-tis", "loss/tis_truncated_frac"), stat("loglinear-icepop", "loss/corr_masked_frac")
+    for quoted in (f"A-3PO alone {cos['loglinear']:.4f}, with SAPO {cos['loglinear-sapo']:.4f}, with CISPO "
+                   f"{cos['loglinear-cispo']:.4f}", f"token TIS (cap 2) {cos['recompute-tis']:.4f}, truncating "
+                   f"{tis[0]:.3f} and {tis[1]:.3f} of the tokens", f"IcePop (band 0.5 to 5) "
+                   f"{cos['loglinear-icepop']:.4f}, dropping {icepop[0]:.3f} and {icepop[1]:.3f} of the tokens"):
+        assert normal(quoted) in text, quoted
+    assert stat("loglinear-geomask", "loss/corr_masked_seq_frac") == [1.0, 1.0]
+    assert all(next(row for row in r["rows"] if row["arm"] == "loglinear-geomask" and row["cell"] == "all")
+               ["rel_norm"] == 0 for r in signal)
