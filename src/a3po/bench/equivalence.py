@@ -159,13 +159,17 @@ def _dotted(config: dict, key: str):
     return config
 
 
+def design_history(path: Path) -> list[str]:
+    """The design file's commits as "hash date", newest first (git log --follow); empty where it is not committed."""
+    log = git(["log", "--format=%H %cs", "--follow", "--", path.name], path.resolve().parent)
+    return log.splitlines() if log else []
+
+
 def registration(path: Path) -> list[str]:
     """What git says of the design file: the commit that added it, and later changes."""
-    where = path.resolve().parent
-    log = git(["log", "--format=%H %cs", "--follow", "--", path.name], where)
-    if not log:
+    commits = design_history(path)
+    if not commits:
         return ["The design file is not committed: this study is not pre-registered."]
-    commits = log.splitlines()
     first, date = commits[-1].split()
     lines = [f"Registered: the design file was committed at {first[:10]} ({date})."]
     if len(commits) > 1:
@@ -180,8 +184,8 @@ def provenance(path: Path, commits: dict[str | None, int]) -> tuple[str, list[st
     source it ran), read against the design file's first commit (a run from a commit that holds the design cannot
     have preceded it): a sentence, and the deviations among it."""
     where = path.resolve().parent
-    log = git(["log", "--format=%H", "--follow", "--", path.name], where)
-    first = log.splitlines()[-1] if log else None
+    history = design_history(path)
+    first = history[-1].split()[0] if history else None
     said, deviations = [], []
     for commit, n in sorted(commits.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
         if commit is None:
