@@ -113,7 +113,7 @@ class Case:
 
 
 def early(args: list[str], needle: str) -> Case:
-    """A case that fails before torch is imported (a fraction of a second)."""
+    """A case that fails before torch is imported (a fraction of a second): it runs with torch's import blocked."""
     return Case(args, needle, fast=True)
 
 
@@ -153,10 +153,11 @@ CASES = {
                                      "train_dataset.task_params={} conflicts"),
     "unknown-task": early([*TINY, "train_dataset.task=chain_summ"], "did you mean 'chain_sum'"),
     # model folders and hub ids
-    "model-missing": Case([*TINY, "actor.path=./no-such-model"], "no such directory"),
-    "model-is-a-file": Case([*TINY, "actor.path=./afile"], "is a file, not a model folder"),
-    "model-broken-config": Case([*TINY, "actor.path=./brokencfg"], "config.json' is not valid JSON"),
-    "model-no-weights": Case([*TINY, "actor.path=./noweights"], "has config.json but no weights"),
+    "model-missing": early([*TINY, "actor.path=./no-such-model"], "no such directory"),
+    "model-is-a-file": early([*TINY, "actor.path=./afile"], "is a file, not a model folder"),
+    "model-broken-config": early([*TINY, "actor.path=./brokencfg"], "config.json' is not valid JSON"),
+    "model-no-weights": early([*TINY, "actor.path=./noweights"], "has config.json but no weights"),
+    "model-tiny-misshapen": early([*TINY, "actor.path=tiny-65x2"], "hidden a positive multiple of 64"),
     "model-no-tokenizer": Case([*TINY, "actor.path=./notok"], "could not load a tokenizer", model_without_tokenizer),
     "hub-unreachable": Case([*TINY, "actor.path=a3po-nobody/no-such-model"], "hub cannot be reached",
                             env={"HF_ENDPOINT": "http://127.0.0.1:9", **NO_CACHE}),  # refused at once
@@ -227,6 +228,11 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, reques
     if case.prepare is not None:
         case.prepare(tmp_path, request.getfixturevalue("trained_run"))
     env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}
+    if case.fast:  # an import of torch would now fail with a traceback
+        block = tmp_path / "no-torch"
+        block.mkdir()
+        (block / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(block), os.environ.get("PYTHONPATH")) if p)
     before = snapshot(tmp_path / "runs")
 
     res = a3po("train", *case.args, cwd=tmp_path, env=env)

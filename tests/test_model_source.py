@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from a3po.models import ModelSourceError, cache_dir, load_policy, source
-from a3po.models.tiny import SPECIAL_TOKENS, byte_tokenizer, parse_tiny_name, tiny_params
+from a3po.models.paths import parse_tiny_name
+from a3po.models.tiny import SPECIAL_TOKENS, byte_tokenizer, tiny_params
 
 TOKENIZER = byte_tokenizer()  # built once: hypothesis reruns the round-trip test many times
 

@@ -27,7 +27,8 @@ from a3po.config import ConfigError
 from a3po.devices import device_name, resolve_device
 from a3po.files import write_json
 from a3po.machine import git, machine
-from a3po.models.tiny import parse_tiny_name, tiny_params
+from a3po.models.paths import parse_tiny_name
+from a3po.models.tiny import tiny_params
 
 METHODS = ("recompute", "loglinear")  # the pair, in this order
 WARM_STEPS = 2  # steps left out by default: start-up costs, not a step's

@@ -215,7 +215,7 @@ def fold_into(model, directory: str | Path) -> None:
 
 def load_merged(directory: str | Path, base: str | None = None, seed: int = 0):
     """(model, tokenizer): a saved adapter folded into its base, `base` or else the one its config names."""
-    from a3po.models.source import ModelSourceError, load_policy
+    from a3po.models import ModelSourceError, load_policy
 
     base = base or read(directory)[2]
     if not base:

