@@ -110,6 +110,19 @@ def test_summary_pools_each_part_over_the_records_that_have_it():
     assert s["loglinear", "d=3"]["kl"]["n"] == 0  # a part has no KL of its own
 
 
+def test_an_arm_that_moves_nothing_reads_no_update_not_a_blank_cosine():
+    masked = {**_row("loglinear-geomask", "all", math.nan, 1.0), "rel_norm": 0.0}
+    rec = {"run": "r", "step": 8, "version": 7, "sequences": 2, "minibatches": 1, "tokens": 4, "d": {"8": 4},
+           "signal_tokens": 4, "carried_share": 0.5, "heldout_tokens": 0, "wall_s": 1.0,
+           "rows": [_row("loglinear", "all", 0.99, 0.1), masked]}
+    text = markdown({"command": "c", "runs": ["r"], "wall_s": 1.0, "torch": "x", "records": [rec],
+                     "machine": {"cpu": "c", "cores": 2, "avx512_bf16": False, "amx_bf16": False},
+                     "arms": {"loglinear": "l", "loglinear-geomask": "g"}, "summary": summary([rec])})
+    rows = [line for line in text.splitlines() if line.startswith("| loglinear-geomask | all")]
+    assert len(rows) == 2 and all(line.split(" | ")[2 if "(4)" in line else 3] == "no update" for line in rows), rows
+    assert "| loglinear | all | 1 | 0.9900 |" in text
+
+
 # ----------------------------------------------------------------------------- records and replays
 
 

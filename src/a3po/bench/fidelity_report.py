@@ -53,6 +53,15 @@ def _pooled(s: dict, fmt: str) -> str:
 
 
 COS, NORM, ERR, KL, SHARE = "{:.4f}", "{:.3f}", "{:.3g}", "{:.2e}", "{:.3f}"
+NO_UPDATE = "no update"  # the cosine of an arm that moved no parameter beyond the carried part (all masked)
+
+
+def _cos(row: dict) -> str:
+    return NO_UPDATE if row["rel_norm"] == 0 else _num(row["cos"], COS)
+
+
+def _pooled_cos(s: dict) -> str:
+    return NO_UPDATE if s["rel_norm"]["n"] and s["rel_norm"]["max"] == 0 else _pooled(s["cos"], COS)
 HEAD = "| arm | part | {extra}cos | \\|u\\| / \\|u_rec\\| | \\|u − u_rec\\| / \\|u_rec\\| | KL held-out |"
 
 
@@ -88,7 +97,7 @@ def markdown(record: dict) -> str:
         HEAD.format(extra="records | "), "|---|---|---:|---:|---:|---:|---:|",
     ]
     for s in record["summary"]:
-        lines.append(f"| {s['arm']} | {s['cell']} | {s['records']} | {_pooled(s['cos'], COS)} "
+        lines.append(f"| {s['arm']} | {s['cell']} | {s['records']} | {_pooled_cos(s)} "
                      f"| {_pooled(s['rel_norm'], NORM)} | {_pooled(s['rel_err'], ERR)} | {_pooled(s['kl'], KL)} |")
     lines += ["", "## Per record"]
     for rec in recs:
@@ -107,7 +116,7 @@ def markdown(record: dict) -> str:
         whole = {r["arm"]: r["stats"] for r in rec["rows"] if r["cell"] == ALL}
         for r in sorted(rec["rows"], key=lambda r: (FIDELITY_ARMS.index(r["arm"]), cell_order(r["cell"]))):
             clipped, dual, capped = bounds(whole.get(r["arm"], {}), r["cell"])
-            lines.append(f"| {r['arm']} | {r['cell']} ({r['tokens']}) | {_num(r['cos'], COS)} "
+            lines.append(f"| {r['arm']} | {r['cell']} ({r['tokens']}) | {_cos(r)} "
                          f"| {_num(r['rel_norm'], NORM)} | {_num(r['rel_err'], ERR)} | {_num(r['kl'], KL)} "
                          f"| {_num(clipped, SHARE)} | {_num(dual, SHARE)} | {_num(capped, SHARE)} |")
     return "\n".join(lines) + "\n"
