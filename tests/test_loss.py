@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from a3po.algo import LossSpec, aggregate, coupled_ppo_loss, masked_mean, masked_sum, ppo_loss
+from a3po.algo import LossSpec, aggregate, masked_mean, masked_sum, ppo_loss
 from a3po.algo.loss import m2po_keep_mask
 
 F64 = torch.float64
@@ -487,7 +487,7 @@ def test_garbage_on_masked_out_positions_changes_nothing(options, junk):
 def test_coupled_ppo_is_the_decoupled_loss_with_p_equal_b():
     theta, _, b, adv = inputs([[1.1, 1.5, 0.5]], [[1.0, -1.0, 2.0]], weights=[[2.0, 0.5, 3.0]])
     mask = mt([1, 1, 1])
-    coupled, terms = coupled_ppo_loss(theta, b, adv, mask)
+    coupled, terms = ppo_loss(theta, b, b, adv, mask)
     # with p = b, r = exp(theta - b) = 1.1 * 2, 1.5 * 0.5, 0.5 * 3 = 2.2, 0.75, 1.5 and w = 1
     torch.testing.assert_close(terms.ratio, bt([2.2, 0.75, 1.5]))
     torch.testing.assert_close(terms.behav_weight, bt([1.0, 1.0, 1.0]))

@@ -26,7 +26,6 @@ from a3po.algo import (
     PROX_METHODS,
     LossSpec,
     approximation_errors,
-    coupled_ppo_loss,
     get_method,
     interpolation_weight,
     ppo_loss,
@@ -196,7 +195,7 @@ def test_d_at_most_one_loss_and_grad_equal_coupled_ppo_exactly(method, options):
     loss_a.backward()
 
     theta_b = theta0.clone().requires_grad_()
-    loss_b, terms_b = coupled_ppo_loss(theta_b, b, adv, mask, LossSpec(**options))
+    loss_b, terms_b = ppo_loss(theta_b, b, b, adv, mask, LossSpec(**options))  # coupled: p = b
     loss_b.backward()
 
     assert torch.equal(loss_a, loss_b)

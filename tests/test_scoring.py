@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from procs import TINY, a3po, children_of, gone_within
@@ -75,24 +76,36 @@ def reward_of(tmp_path, monkeypatch):
 EX = Example("What is 1 + 1?", "2", 0)
 
 
+def score_all(r: RewardProcess, items: list, deadline_s: float = 120) -> list[tuple[float, str | None]]:
+    """Submit (completion, example) pairs as a rollout worker does and wait for every answer; in order."""
+    for i, (completion, example) in enumerate(items):
+        r.submit(i, completion, example)
+    got, deadline = {}, time.monotonic() + deadline_s
+    while len(got) < len(items):
+        assert time.monotonic() < deadline, f"{len(items) - len(got)} reward call(s) unanswered after {deadline_s} s"
+        got.update((key, (value, failure)) for key, value, failure in r.wait(0.5))
+    return [got[i] for i in range(len(items))]
+
+
 def test_failures_are_answers_with_a_reason(reward_of):
+    """Through wait() and poll() alike (a rollout worker uses both), a failed reward's value is 0.0."""
     cases = {"raises": (0.0, "ValueError: bad input"), "nan": (0.0, "non-finite reward nan"),
              "boolean": (1.0, None), "quarter": (0.25, None), "exits": (0.0, "SystemExit: 0")}
     for name, expected in cases.items():
-        assert reward_of(name).score_all([("x", EX)]) == [expected], name
-    assert reward_of("text").score_all([("x", EX)])[0][1].startswith("non-numeric reward '1.0'")
-    assert reward_of("nothing").score_all([("x", EX)])[0][1].startswith("non-numeric reward None")
+        assert score_all(reward_of(name), [("x", EX)]) == [expected], name
+    assert score_all(reward_of("text"), [("x", EX)])[0][1].startswith("non-numeric reward '1.0'")
+    assert score_all(reward_of("nothing"), [("x", EX)])[0][1].startswith("non-numeric reward None")
 
 
 def test_answers_come_back_in_order_and_prints_do_not_break_them(reward_of):
     r = reward_of("echo_length")
-    assert r.score_all([("a" * n, EX) for n in range(20)]) == [(float(n), None) for n in range(20)]
+    assert score_all(r, [("a" * n, EX) for n in range(20)]) == [(float(n), None) for n in range(20)]
     assert r.restarts == 0  # one child answered them all
 
 
 def test_a_gil_holding_call_is_killed_at_its_timeout_and_the_next_call_answered(reward_of):
     r = reward_of("regex_bomb", timeout_s=0.5)
-    assert r.score_all([("ok", EX), ("bomb", EX), ("ok", EX)]) == [(1.0, None), (0.0, "timeout after 0.5s"),
+    assert score_all(r, [("ok", EX), ("bomb", EX), ("ok", EX)]) == [(1.0, None), (0.0, "timeout after 0.5s"),
                                                                    (1.0, None)]
     assert r.restarts == 1
 
@@ -107,7 +120,7 @@ def test_poll_never_blocks_on_a_running_call(reward_of):
 
 def test_a_child_that_dies_is_replaced(reward_of):
     r = reward_of("dies")
-    assert r.score_all([("die", EX), ("fine", EX)]) == [(0.0, "reward process exited with status 3"), (1.0, None)]
+    assert score_all(r, [("die", EX), ("fine", EX)]) == [(0.0, "reward process exited with status 3"), (1.0, None)]
     assert r.restarts == 1
 
 
@@ -116,7 +129,7 @@ def test_a_built_reward_scores_in_the_child():
     ex = data.eval[0]
     r = RewardProcess(build_reward(DatasetConfig(), data), 10)
     try:
-        assert r.score_all([(f"The answer is {ex.answer}", ex), ("no idea", ex)]) == [(1.0, None), (0.0, None)]
+        assert score_all(r, [(f"The answer is {ex.answer}", ex), ("no idea", ex)]) == [(1.0, None), (0.0, None)]
     finally:
         r.close()
 
@@ -139,12 +152,13 @@ def test_the_child_exits_when_its_parent_is_killed(tmp_path):
         from a3po.config.schema import DatasetConfig
         from a3po.data import Example, RewardProcess, TaskData, build_reward
         r = RewardProcess(build_reward(DatasetConfig(), TaskData("chain_sum", [], [])), 60)
-        print(r.score_all([("1", Example("q", "1", 0))]), flush=True)
+        r.submit("k", "1", Example("q", "1", 0))
+        print(r.wait(60), flush=True)
         time.sleep(600)
     '''))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        assert parent.stdout.readline().strip() == "[(1.0, None)]"
+        assert parent.stdout.readline().strip() == "[('k', 1.0, None)]"
         (child,) = children_of(parent.pid)  # the reward process, alive while its parent is
     finally:
         parent.send_signal(signal.SIGKILL)

@@ -21,7 +21,7 @@ import importlib
 _MODULE_OF = {
     "normalize_advantages": "advantages", "shape_rewards": "advantages",
     "kl_in_reward": "kl", "kl_penalty": "kl",
-    "LossSpec": "loss", "LossTerms": "loss", "coupled_ppo_loss": "loss", "ppo_loss": "loss",
+    "LossSpec": "loss", "LossTerms": "loss", "ppo_loss": "loss",
     "aggregate": "masked", "masked_mean": "masked", "masked_sum": "masked",
     "PROX_METHODS": "prox", "approximation_errors": "prox", "get_method": "prox",
     "interpolation_weight": "prox", "proximal_logp": "prox", "staleness": "prox",

@@ -27,7 +27,7 @@ Options beyond the plain objective:
 - m2_threshold (M2PO, arXiv 2510.01161): drop the tokens with the largest (b_t - p_t)^2,
   largest first, until the mean of the rest is at most the threshold.
 
-Coupled PPO/GRPO is p = b: w = 1 exactly, and `coupled_ppo_loss` spells that.
+Coupled PPO/GRPO is p = b: `ppo_loss(logp_theta, logp_behav, logp_behav, ...)`, where w = 1 exactly.
 
 Every setting above is a field of one frozen `LossSpec`, built once per run and passed whole;
 the counts a micro-batch shares with its minibatch and the entropy and KL tensors are per call.
@@ -302,9 +302,3 @@ def ppo_loss(
     )
     return loss, terms
 
-
-def coupled_ppo_loss(
-    logp_theta: Tensor, logp_behav: Tensor, adv: Tensor, mask: Tensor, spec: LossSpec = LossSpec(), **per_call
-) -> tuple[Tensor, LossTerms]:
-    """Coupled PPO/GRPO: the behaviour policy is also the proximal one (p = b, w = 1)."""
-    return ppo_loss(logp_theta, logp_behav, logp_behav, adv, mask, spec, **per_call)

@@ -38,7 +38,7 @@ from a3po import child, signals
 # not `-m a3po.data.scoring`: the package imports this module first, and runpy warns about that
 CHILD = "from a3po.data.scoring import _serve; _serve()"
 HEADER = struct.Struct("<I")  # length prefix of each pickled frame
-Answer = tuple[Any, Any, "str | None"]  # (key, value, failure reason or None); value is None on a failure
+Answer = tuple[Any, Any, "str | None"]  # (key, value, failure reason or None); value is FAILED on a failure
 
 
 @dataclass
@@ -58,6 +58,7 @@ class CallProcess:
     replaced and the calls behind it are sent again to the new one."""
 
     AHEAD_BYTES = 32 << 10  # less than a pipe's buffer: a write never blocks on a busy (or hung) child
+    FAILED = None  # the value of a failed call's answer, whether poll or wait returns it
 
     def __init__(self, handler, timeout_s: float, what: str = "call"):
         self._fn_blob = pickle.dumps(handler)  # fails here, in the caller, if the handler cannot travel
@@ -97,17 +98,6 @@ class CallProcess:
         first = self._next_answer(block_s=block_s) if self._sent else None
         return ([first] if first is not None else []) + self.poll()
 
-    def call_all(self, calls: list[tuple]) -> list[tuple[Any, str | None]]:
-        """Make the calls (argument tuples) in order, blocking; each is bounded by the timeout."""
-        for i, args in enumerate(calls):
-            self.submit(i, *args)
-        got: dict[int, tuple[Any, str | None]] = {}
-        while self._sent:
-            answer = self._next_answer(block_s=min(0.5, self.timeout_s))
-            if answer is not None:
-                got[answer[0]] = answer[1:]
-        return [got[i] for i in range(len(calls))]
-
     def close(self) -> None:
         self._waiting.clear()
         self._sent.clear()
@@ -124,7 +114,7 @@ class CallProcess:
             except queue.Empty:
                 break
             if self._sent and call_id == self._sent[0][0]:  # else an answer from a killed child: stale
-                return self._answered((self._sent[0][1].key, value, failure))
+                return self._answered((self._sent[0][1].key, self.FAILED if failure else value, failure))
         if time.monotonic() - self._head_since > self.timeout_s:
             return self._replace_child(f"timeout after {self.timeout_s:g}s")
         if self._proc is not None and self._proc.poll() is not None and self._answers.empty():
@@ -146,7 +136,7 @@ class CallProcess:
         self._sent_bytes = 0
         self._restart()
         self._send()
-        return call.key, None, why
+        return call.key, self.FAILED, why
 
     def _send(self) -> None:
         while self._waiting:
@@ -206,15 +196,10 @@ class CallProcess:
 class RewardProcess(CallProcess):
     """Scores completions with a reward function `fn(completion, example) -> float`; a failure scores 0.0."""
 
+    FAILED = 0.0
+
     def __init__(self, fn, timeout_s: float):
         super().__init__(ScoreCall(fn), timeout_s, what="reward")
-
-    def poll(self) -> list[Answer]:
-        return [(key, 0.0 if failure else value, failure) for key, value, failure in super().poll()]
-
-    def score_all(self, items: list[tuple[str, Any]]) -> list[tuple[float, str | None]]:
-        """Score (completion, example) pairs in order, blocking; each call is bounded by the timeout."""
-        return [(0.0 if failure else value, failure) for value, failure in self.call_all(items)]
 
 
 class ScoreCall:

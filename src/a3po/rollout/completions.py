@@ -74,7 +74,7 @@ class Completions:
     def poll_groups(self, block_s: float = 0.0) -> list[Group]:
         ready = set()
         for (key, i), reward, failure in self.reward.wait(block_s) if block_s else self.reward.poll():
-            self.scoring[key][1][i] = (0.0 if failure else reward, failure)
+            self.scoring[key][1][i] = (reward, failure)  # a failed reward is 0.0 (RewardProcess.FAILED)
             ready.add(key)
         if self.service is not None:
             for got in self.service.poll():

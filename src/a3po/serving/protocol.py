@@ -6,7 +6,7 @@ assistant, tool; content a string, or a list of text parts), `max_tokens` / `max
 `temperature`, `top_p`, `seed`, `stop`, `n` (up to MAX_CHOICES), `logprobs` and `top_logprobs`
 (up to MAX_TOP_LOGPROBS), `stream` with `stream_options.include_usage`, and the tool-call fields
 (`tools`, an assistant message's `tool_calls`, a tool message's `tool_call_id`), which go to the
-model's chat template as they are, and `tool_choice` (TOOL_CHOICES):
+model's chat template as they are, and `tool_choice`:
 - "auto" (unset) or "none": whether a reply's tool-call text is read into `tool_calls`
   (serving/toolcalls.py, where the server reads them);
 - "required", or {"type": "function", "function": {"name": N}} with N among `tools`: the server
@@ -85,7 +85,6 @@ UNSERVED_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: v is None or v == "", "leave it unset: text after the completion is not served"),
     "best_of": (lambda v: v in (None, 1), "leave it unset or 1; n gives several samples"),
 }
-TOOL_CHOICES = ("auto", "none", "required", "function")  # "function": one named tool, {"type": "function", ...}
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ class ChatRequest:
     logprobs: bool = False
     tools: list[dict] | None = None
     model: str = ""
-    tool_choice: str = "auto"  # one of TOOL_CHOICES: "none" leaves the reply's call text as text
+    tool_choice: str = "auto"  # auto, none, required or function (one named tool): "none" leaves call text as text
     tool_name: str | None = None  # the tool a tool_choice "function" names
     top_logprobs: int = 0  # per generated token, this many most likely alternatives (logprobs must be on)
     n: int = 1  # choices: each is sampled on its own
@@ -174,7 +173,7 @@ def _top(value: Any, key: str) -> int:
 
 
 def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[str, str | None]:
-    """(one of TOOL_CHOICES, the named tool or None), checked against the tools the request offers."""
+    """(auto, none, required or function, the named tool or None), checked against the tools the request offers."""
     if value is None:
         return "auto", None
     if value in ("auto", "none"):
