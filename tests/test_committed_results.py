@@ -21,7 +21,7 @@ from a3po.bench import e2e, fidelity_report, staleness
 
 DOCS = Path(__file__).parent.parent / "docs"
 RESULTS = DOCS / "results"
-FOLDERS = sorted(p.parent for p in RESULTS.glob("*/results.json"))
+FOLDERS = sorted(p.parent for p in RESULTS.rglob("results.json"))
 
 
 def _documented_command(start: str) -> list[str]:
@@ -37,7 +37,7 @@ def test_there_are_records_of_every_benchmark_that_writes_them():
     assert kinds == {"e2e", "staleness", "fidelity"}
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+@pytest.mark.parametrize("folder", FOLDERS, ids=[str(f.relative_to(RESULTS)) for f in FOLDERS])
 def test_each_folders_page_regenerates_from_its_record(folder, tmp_path):
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("plots"))

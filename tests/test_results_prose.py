@@ -51,6 +51,8 @@ STUDY = ("evidence-eta8-lockstep", "evidence-eta2-lockstep", "evidence-free", "e
 SERVICE = ("service-default", "service-eta4", "service-delay0")
 LORA = ("lora-default", "lora-lr6e-4", "lora-lr2e-3")
 E2E = ("lockstep-cost", "lockstep-cost-no-borrowing", *SERVICE, *LORA)
+# one factor at a time against part 3's A-3PO runs (docs/results/collapse-factors/PLAN.md)
+COLLAPSE = tuple(f"collapse-factors/{f}" for f in ("lr1e-5", "bounds", "seq-mean", "truncate"))
 
 # each checked section of docs/results.md (by the start of its heading; of another page: "PAGE#start") and the record
 # folders its numbers come from
@@ -65,13 +67,14 @@ SECTIONS = {
     "Part 6:": ("default-before-after", "evidence-free"),
     "Part 7:": ("evidence-eta8-lockstep",),
     "Part 8:": ("lockstep-cost", "lockstep-cost-no-borrowing", "evidence-eta2-lockstep", "evidence-free"),
+    "Part 11:": (*COLLAPSE, "evidence-eta8-lockstep", "yardstick-base"),
     "Part 9:": ("evidence-retry-eta8-lockstep", "evidence-retry-eta2-lockstep", "yardstick-retry-base",
                 "yardstick-retry-pilot", "evidence-retry-eta2-lockstep/sampled", "evidence-eta2-lockstep",
                 "evidence-eta8-lockstep"),
     "A slow reward service": SERVICE,
     "The first staleness study": ("evidence-eta8-lockstep",),
     "LoRA": (*LORA, "lora-step", "lora-memory"),
-    "docs/training.md#Which proximal method when": (*STUDY, "fidelity-corrections"),
+    "docs/training.md#Which proximal method when": (*STUDY, "fidelity-corrections", *COLLAPSE),
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
@@ -295,6 +298,14 @@ def _run(c: Catalogue, folder: str) -> None:
                  and isinstance(v, float)]
 
 
+def _against(c: Catalogue, folder: str, ref: str, ref_arm: str) -> None:
+    """Each cell of a study folder minus `ref_arm`'s runs of the same eta and minibatch count in folder `ref`,
+    paired by seed: a factor screen's runs against the runs it changes one thing of."""
+    for (_, eta, mb), rs in cells(folder).items():
+        base = {r["seed"]: r["eval_final"] for r in cells(ref).get((ref_arm, eta, mb), [])}
+        c.interval(report.t_interval([r["eval_final"] - base[r["seed"]] for r in rs if r["seed"] in base]))
+
+
 def _before_after(c: Catalogue, folder: str) -> None:
     before, after = ([paired.read_record(p) for p in sorted((RESULTS / folder / side).glob("*.json"))]
                      for side in ("before", "after"))
@@ -337,6 +348,9 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
     for folder in folders:
         if folder in STUDY:
             _study(c, folder)
+        elif folder in COLLAPSE:
+            _study(c, folder)
+            _against(c, folder, "evidence-eta8-lockstep", "loglinear")
         elif folder in E2E:
             _e2e(c, folder)
         elif folder in ("yardstick-base", "yardstick-retry-base", "evidence-retry-eta2-lockstep/sampled"):
@@ -762,3 +776,20 @@ def test_the_corrections_reading_quotes_the_fidelity_record():
     assert stat("loglinear-geomask", "loss/corr_masked_seq_frac") == [1.0, 1.0]
     assert all(next(row for row in r["rows"] if row["arm"] == "loglinear-geomask" and row["cell"] == "all")
                ["rel_norm"] == 0 for r in signal)
+
+
+def test_only_the_learning_rate_moves_the_four_minibatch_failure():
+    """Part 11 reads its screen by the rule its plan fixed before the runs: a factor moves the failure if seed 1 (the
+    run that collapsed) ends above the base 0.195 and the mean difference from part 3's run of each seed is positive."""
+    text = normal(section("Part 11:"))
+    assert "only the learning rate moves the failure" in text
+    part3 = {r["seed"]: r["eval_final"] for r in cells("evidence-eta8-lockstep")[("loglinear", 8, 4)]}
+    moved = {}
+    for folder in COLLAPSE:
+        for (arm, _, _), rs in cells(folder).items():
+            assert [r["seed"] for r in rs] == [1, 2, 3], "the plan fixed three seeds a factor"
+            diff = statistics.fmean(r["eval_final"] - part3[r["seed"]] for r in rs)
+            moved[f"{folder}:{arm}"] = rs[0]["eval_final"] > 0.195 and diff > 0
+    assert moved == {**{k: False for k in moved}, "collapse-factors/lr1e-5:loglinear": True}
+    capped = [r["capped_frac"] for r in load("collapse-factors/truncate")["runs"]]
+    assert "acts on 0.12-0.25 % of the tokens" in text and 0.0012 <= min(capped) and max(capped) < 0.0025
