@@ -171,8 +171,9 @@ class ActorConfig:
                                            "null disables", gt=0)
     loss_agg_mode: str = opt("token-mean", "how per-token losses become one number", choices=variants.AGG_MODES)
     loss_agg_norm: float = opt(1.0, "constant divisor for seq-mean-token-sum (Dr.GRPO uses max_new_tokens)", gt=0)
-    ppo_n_minibatches: int = opt(1, "optimizer steps per training batch "
-                                    "(the batch is split into this many minibatches)", ge=1)
+    ppo_n_minibatches: int = opt(1, "optimizer steps per training batch (the batch is split into this many "
+                                    "minibatches); above 1 on stale data, lower actor.optimizer.lr "
+                                    "(docs/training.md, 'Which proximal method when')", ge=1)
     kl_ctl: float = opt(0.0, "coefficient of the KL to the reference (initial) policy; 0 disables", ge=0)
     kl_estimator: str = opt("k3", "KL estimator (algo/kl.py); k1 is the one whose penalty in the reward has the KL's "
                                   "gradient", choices=variants.KL_ESTIMATORS)
