@@ -4,6 +4,7 @@ client, raw HTTP and a3po's own judge client."""
 import http.client
 import json
 import math
+import os
 import re
 import select
 import socket
@@ -376,6 +377,9 @@ def test_a_reply_ends_at_any_end_of_reply_id_the_models_generation_config_names(
     assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 1
 
 
-def test_a_model_that_does_not_exist_is_one_line():
-    res = a3po("serve", "--model", "/nonexistent/model", timeout=120)
-    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "a3po: error:" in res.stderr
+def test_a_model_that_does_not_exist_is_one_line_before_torch_loads(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")  # importing torch fails
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    res = a3po("serve", "--model", "/nonexistent/model", env={"PYTHONPATH": path}, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr[-2000:]
+    assert "a3po: error:" in res.stderr and "no such directory" in res.stderr

@@ -140,6 +140,12 @@ def _serve(args) -> int:
 
     if args.max_tokens < 1 or not 0 <= args.port < 65536:
         return _print(exits.usage_error("--max-tokens must be at least 1 and --port in 0..65535"))
+    from a3po.models.paths import check_path
+
+    try:  # a mistyped model folder is one line before torch's start-up
+        check_path(args.model)
+    except Exception as e:
+        return ended(e, exits.SERVE)
     with signals.deferred():
         from a3po import serve
     try:

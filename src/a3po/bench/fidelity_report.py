@@ -53,6 +53,7 @@ def _pooled(s: dict, fmt: str) -> str:
 
 
 COS, NORM, ERR, KL, SHARE = "{:.4f}", "{:.3f}", "{:.3g}", "{:.2e}", "{:.3f}"
+HEAD = "| arm | part | {extra}cos | \\|u\\| / \\|u_rec\\| | \\|u − u_rec\\| / \\|u_rec\\| | KL held-out |"
 NO_UPDATE = "no update"  # the cosine of an arm that moved no parameter beyond the carried part (all masked)
 
 
@@ -62,7 +63,6 @@ def _cos(row: dict) -> str:
 
 def _pooled_cos(s: dict) -> str:
     return NO_UPDATE if s["rel_norm"]["n"] and s["rel_norm"]["max"] == 0 else _pooled(s["cos"], COS)
-HEAD = "| arm | part | {extra}cos | \\|u\\| / \\|u_rec\\| | \\|u − u_rec\\| / \\|u_rec\\| | KL held-out |"
 
 
 def bounds(stats: dict, cell: str) -> tuple[float | None, float | None, float | None]:
