@@ -793,3 +793,14 @@ def test_only_the_learning_rate_moves_the_four_minibatch_failure():
     assert moved == {**{k: False for k in moved}, "collapse-factors/lr1e-5:loglinear": True}
     capped = [r["capped_frac"] for r in load("collapse-factors/truncate")["runs"]]
     assert "acts on 0.12-0.25 % of the tokens" in text and 0.0012 <= min(capped) and max(capped) < 0.0025
+
+
+def test_the_openmp_waits_quoted_are_the_tools_records():
+    """The suite-time section quotes tools/omp_waits.py's medians; they are its committed records'."""
+    text = normal(section("Inside 20 minutes"))
+    medians = {n: json.loads((RESULTS / "omp-waits" / f"procs{n}.json").read_text())["median_s"] for n in (2, 4)}
+    said = re.search(rf"two processes took ({NUM}) s with the default waits and ({NUM}) s with `OMP_WAIT_POLICY="
+                     rf"PASSIVE`, four processes ({NUM}) s and ({NUM}) s", text)
+    assert said, "the sentence quoting tools/omp_waits.py changed: update this test with it"
+    records = [medians[n][p] for n in (2, 4) for p in ("default", "passive")]  # kept to the millisecond
+    assert all(abs(float(x) - r) <= 0.0051 for x, r in zip(said.groups(), records)), (said.groups(), records)
