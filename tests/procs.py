@@ -31,6 +31,19 @@ def a3po(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
                           env={**os.environ, **env} if env else None)
 
 
+def started_with(folder: Path, code: str) -> dict[str, str]:
+    """Environment variables under which every Python process a command starts runs `code` first: a
+    sitecustomize.py in `folder`, put first on PYTHONPATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
+
+
+def without(module: str, folder: Path) -> dict[str, str]:
+    """Environment variables under which `module` cannot be imported by any process of the command."""
+    return started_with(folder, f"import sys\nsys.modules[{module!r}] = None\n")
+
+
 class Run:
     """A `python -m a3po.cli train` in a session of its own, stderr in a file we can read while it runs."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from procs import TINY, a3po
+from procs import TINY, a3po, without
 
 FILE = ["train_dataset.task=file"]
 PREFIXES = ("a3po: error: ", "a3po: config error: ")
@@ -229,10 +229,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name, tmp_path, reques
         case.prepare(tmp_path, request.getfixturevalue("trained_run"))
     env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}
     if case.fast:  # an import of torch would now fail with a traceback
-        block = tmp_path / "no-torch"
-        block.mkdir()
-        (block / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(block), os.environ.get("PYTHONPATH")) if p)
+        env.update(without("torch", tmp_path / "no-torch"))
     before = snapshot(tmp_path / "runs")
 
     res = a3po("train", *case.args, cwd=tmp_path, env=env)

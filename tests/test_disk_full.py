@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import actor_cfg
-from procs import TINY, a3po, assert_one_clean_line
+from procs import TINY, a3po, assert_one_clean_line, started_with
 
 from a3po.files import DiskFullError, no_space
 from a3po.pipeline.sinks import Sinks
@@ -176,9 +176,7 @@ def test_a_run_whose_checkpoint_does_not_fit_ends_in_one_line_and_resumes_from_t
         if mount_tmpfs(disk, DISK):
             stack.callback(subprocess.run, ["umount", str(disk)], check=True, timeout=30)
         else:
-            (tmp_path / "site").mkdir()
-            (tmp_path / "site" / "sitecustomize.py").write_text(SECOND_SAVE_FAILS)
-            env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+            env = started_with(tmp_path / "site", SECOND_SAVE_FAILS)
         res = a3po("train", *RUN, cwd=disk, env=env)
         assert res.returncode == 1, res.stderr[-3000:]
         line = assert_one_clean_line(res.stderr, "a3po: error: ")

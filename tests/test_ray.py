@@ -31,6 +31,7 @@ from procs import (
     proc_stat,
     session_members,
     steps_logged,
+    without,
 )
 
 from a3po.models import load_policy
@@ -278,10 +279,7 @@ def test_a_cluster_too_small_is_one_line(ray_head, tmp_path):
 
 
 def test_without_ray_installed_the_ray_launcher_is_one_line_and_local_runs_never_import_ray(tmp_path):
-    hidden = tmp_path / "no_ray"  # every process of the run (the spawned ones too) starts without Ray
-    hidden.mkdir()
-    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")])}
+    env = without("ray", tmp_path / "no_ray")  # every process of the run (the spawned ones too) starts without Ray
     res = a3po("train", *TINY, "cluster.launcher=ray", cwd=tmp_path, env=env)
     assert res.returncode == 2, res.stderr[-3000:]
     line = assert_one_clean_line(res.stderr, "a3po: error: cluster.launcher=ray needs Ray")

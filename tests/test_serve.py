@@ -4,7 +4,6 @@ client, raw HTTP and a3po's own judge client."""
 import http.client
 import json
 import math
-import os
 import re
 import select
 import socket
@@ -13,7 +12,7 @@ import time
 
 import openai
 import pytest
-from procs import a3po, served
+from procs import a3po, served, without
 
 from a3po.config.schema import RewardServiceConfig
 from a3po.services import JudgeItem, build_service
@@ -378,8 +377,6 @@ def test_a_reply_ends_at_any_end_of_reply_id_the_models_generation_config_names(
 
 
 def test_a_model_that_does_not_exist_is_one_line_before_torch_loads(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")  # importing torch fails
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    res = a3po("serve", "--model", "/nonexistent/model", env={"PYTHONPATH": path}, timeout=120)
+    res = a3po("serve", "--model", "/nonexistent/model", env=without("torch", tmp_path / "no-torch"), timeout=120)
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr[-2000:]
     assert "a3po: error:" in res.stderr and "no such directory" in res.stderr
