@@ -75,6 +75,10 @@ SECTIONS = {
     "The first staleness study": ("evidence-eta8-lockstep",),
     "LoRA": (*LORA, "lora-step", "lora-memory"),
     "docs/training.md#Which proximal method when": (*STUDY, "fidelity-corrections", *COLLAPSE),
+    # the plans quote the records their screens start from
+    **{f"docs/results/collapse-factors/PLAN.md#{h}": ("evidence-eta8-lockstep", "yardstick-base")
+       for h in ("Why decoupled PPO fails", "Runs", "Reading")},
+    "docs/results/corrections-yardstick/PLAN.md#The off-policy corrections": STUDY,
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
@@ -804,3 +808,26 @@ def test_the_openmp_waits_quoted_are_the_tools_records():
     assert said, "the sentence quoting tools/omp_waits.py changed: update this test with it"
     records = [medians[n][p] for n in (2, 4) for p in ("default", "passive")]  # kept to the millisecond
     assert all(abs(float(x) - r) <= 0.0051 for x, r in zip(said.groups(), records)), (said.groups(), records)
+
+
+def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
+    """Cell 1 of the corrections plan names the runs its A-3PO arm was expected to repeat (its band [0.99, 1.01] is a
+    setting, not an interval, so the section is checked here rather than number by number)."""
+    text = normal(section("docs/results/corrections-yardstick/PLAN.md#Cell 1"))
+    finals = [r["eval_final"] for r in cells("evidence-eta8-lockstep")[("loglinear", 8, 1)]]
+    assert ", ".join(f"{x:.3f}" for x in finals[:3]) in text, finals
+
+
+def test_the_clean_clone_s_times_are_its_record():
+    """The last clean-clone section quotes what .ci/run and make train printed, kept in its record."""
+    rec = json.loads((RESULTS / "clean-clone" / "38b3344.json").read_text())
+    ci, tiers, train = rec["ci"], rec["ci"]["tiers_s"], rec["make_train"]
+    text = normal(section("The clean clone after the four-minibatch screen"))
+    for quoted in (f"exit {ci['exit']} in **{ci['wall_s'] / 60:.1f} min ({ci['wall_s']} s)**",
+                   f"install {tiers['install']} s with `.venv-vllm` beside it ({tiers['vllm-install']} s)",
+                   f"main-suite {tiers['main-suite']} s ({ci['main_suite']['passed']:,} passed, "
+                   f"{ci['main_suite']['skipped']} skipped)",
+                   f"vllm-suite {tiers['vllm-suite']} s ({ci['vllm_suite']['passed']} passed)",
+                   f"exit {train['exit']}, {train['wall_s']} s, held-out {train['held_out'][0]} → "
+                   f"{train['held_out'][1]}"):
+        assert quoted in text, quoted
