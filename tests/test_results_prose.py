@@ -79,6 +79,7 @@ SECTIONS = {
     **{f"docs/results/collapse-factors/PLAN.md#{h}": ("evidence-eta8-lockstep", "yardstick-base")
        for h in ("Why decoupled PPO fails", "Runs", "Reading")},
     "docs/results/corrections-yardstick/PLAN.md#The off-policy corrections": STUDY,
+    "docs/results/equivalence-retry-pilot/PLAN.md#Yardstick": ("evidence-retry-eta8-lockstep",),
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
