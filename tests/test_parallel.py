@@ -42,7 +42,8 @@ WEIGHT_TOL, MOMENT_TOL = 2e-5, 1e-6
 def torchrun(mode: str, out: Path, *args: str) -> None:
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                           str(free_port()), str(HERE / "dp_run.py"), mode, str(out), *args],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(HERE)})
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(HERE), "TMPDIR": str(out.parent)})  # torchrun: logs
     assert res.returncode == 0, res.stderr[-4000:]
 
 
@@ -139,7 +140,8 @@ def test_a3po_train_under_torchrun(tmp_path):
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                           str(free_port()), "-m", "a3po.cli", "train", "--preset", "tiny", "total_train_steps=3",
                           "logging.tensorboard=false", "cluster.data_parallel=ddp"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun's log folder, not /tmp's
     assert res.returncode == 0, res.stderr[-3000:]
     assert "2 ranks, ddp" in res.stderr  # torchrun's WORLD_SIZE, not cluster.n_trainer_ranks (1 here)
     rows = (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
