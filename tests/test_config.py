@@ -118,7 +118,7 @@ def test_bad_override_names_key_value_and_what_is_allowed(override, needles):
     (["gconfig.n_samples=1"], ["gconfig.n_samples", "mean_level=batch", "std_level=batch"]),
     (["actor.correction.mis=geometric"], ["actor.correction.mis='geometric'", "mis_low", "0.99 and 1.01"]),
     (["actor.correction.mis=token", "actor.correction.mis_low=2", "actor.correction.mis_high=0.5"],
-     ["actor.correction.mis_low=2", "below actor.correction.mis_high=0.5"]),
+     ["actor.correction.mis_low=2", "must be below actor.correction.mis_high=0.5"]),
     (["actor.use_decoupled_loss=false", "actor.correction.tis=token"],
      ["actor.correction.tis='token'", "coupled PPO", "actor.correction.ratio=current"]),
     # what the line above tells users to set, half done: the group of one has no std to divide by

@@ -437,7 +437,9 @@ def check_consistency(cfg: Config) -> list[tuple[str, Any, str]]:
         problems.append(("actor.correction.mis", corr.mis, "needs a band: set actor.correction.mis_low and/or "
                                                            "mis_high (IcePop 0.5 and 5, geometric 0.99 and 1.01)"))
     if corr.mis_low is not None and corr.mis_high is not None and corr.mis_low >= corr.mis_high:
-        problems.append(("actor.correction.mis_low", corr.mis_low, f"below actor.correction.mis_high={corr.mis_high}"))
+        problems.append(("actor.correction.mis_low", corr.mis_low,
+                         f"must be below actor.correction.mis_high={corr.mis_high}: the band [mis_low, mis_high] "
+                         "keeps the ratios between them"))
     if not a.use_decoupled_loss and corr.ratio == "behav":
         for name, off in (("tis", "none"), ("mis", "none")):
             if getattr(corr, name) != off:
