@@ -466,6 +466,31 @@ def test_paired_differences_pair_each_seed_and_give_a_t_interval():
 
 
 @pytest.mark.slow
+def test_a_copy_of_the_records_regenerates_from_its_own_run_folders(bench, tmp_path):
+    """Copied elsewhere (docs/results), a study reads the run folders beside its record, not the folders its record
+    names on the machine it ran on, even where those still exist."""
+    _, cwd, out, record = bench
+    run = next(r for r in record["runs"] if r["ok"])
+    copy = tmp_path / "copy"
+    (copy / "runs" / run["key"]).mkdir(parents=True)
+    (copy / "results.json").write_text((out / "results.json").read_text())
+    for name in ("config.yaml", "held_out.jsonl"):
+        src = cwd / run["run_dir"] / name
+        if src.exists():
+            (copy / "runs" / run["key"] / name).write_text(src.read_text())
+    rows = [json.loads(line) for line in (cwd / run["run_dir"] / "metrics.jsonl").read_text().splitlines() if line]
+    for r in rows:
+        if "perf/step_s" in r:
+            r["perf/step_s"] += 100.0  # what only the copy says
+    (copy / "runs" / run["key"] / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.staleness", str(copy)], cwd=cwd, capture_output=True,
+                         text=True, timeout=300)  # from where the recorded run_dir resolves
+    assert res.returncode == 0, res.stderr[-2000:]
+    again = next(r for r in json.loads((copy / "results.json").read_text())["runs"] if r["key"] == run["key"])
+    assert again["step_s"] == pytest.approx(run["step_s"] + 100.0)
+
+
+@pytest.mark.slow
 def test_tables_and_plots_regenerate_from_results_json_alone(bench, tmp_path):
     _, _, out, _ = bench
     (tmp_path / "results.json").write_text((out / "results.json").read_text())

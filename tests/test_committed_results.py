@@ -81,3 +81,12 @@ def test_no_record_under_docs_results_is_left_out_of_git():
         cwd=DOCS.parent, capture_output=True, text=True, check=True,
     ).stdout.split()
     assert hidden == [], f"ignored by .gitignore but read as records: {hidden[:5]}"
+
+
+def test_the_equivalence_page_is_what_its_design_and_records_give(tmp_path):
+    """The study's page as its runs land: per-seed rows only until every seed of the design has run."""
+    design = RESULTS / "equivalence" / "DESIGN.yaml"
+    res = subprocess.run([sys.executable, "-m", "a3po.bench.equivalence", str(design), "--out", str(tmp_path / "p.md")],
+                         cwd=DOCS.parent, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "p.md").read_text() == (RESULTS / "equivalence" / "equivalence.md").read_text()

@@ -390,13 +390,16 @@ def regenerate(bench_dir: Path) -> dict:
     folder needed, nothing trains): how a committed study's numbers are reproduced."""
     record = json.loads((bench_dir / RESULTS).read_text())
     header = {k: v for k, v in record.items() if k not in DERIVED}
-    return write_results(bench_dir, header, [resummarized(r) for r in record["runs"]], record["wall_s"])
+    return write_results(bench_dir, header, [resummarized(r, bench_dir) for r in record["runs"]], record["wall_s"])
 
 
-def resummarized(run: dict) -> dict:
-    """A run's record summarised again from its metrics when its folder is still there (a summary added since it
-    ran then appears), else as recorded."""
-    run_dir = Path(run.get("run_dir") or "/nonexistent")
+def resummarized(run: dict, bench_dir: Path) -> dict:
+    """A run's record summarised again from its metrics when its folder is there (a summary added since it ran
+    then appears), else as recorded. The folder beside the record comes first: a copy of the records elsewhere
+    (docs/results) reads its own run folders, not those of the machine it was copied from."""
+    run_dir = bench_dir / "runs" / str(run.get("key"))
+    if not run_dir.is_dir():
+        run_dir = Path(run.get("run_dir") or "/nonexistent")
     if not run.get("ok") or not (run_dir / "metrics.jsonl").exists() or not (run_dir / "config.yaml").exists():
         return run
     cfg = load_config(run_dir / "config.yaml")
