@@ -53,6 +53,8 @@ LORA = ("lora-default", "lora-lr6e-4", "lora-lr2e-3")
 E2E = ("lockstep-cost", "lockstep-cost-no-borrowing", *SERVICE, *LORA)
 # one factor at a time against part 3's A-3PO runs (docs/results/collapse-factors/PLAN.md)
 COLLAPSE = tuple(f"collapse-factors/{f}" for f in ("lr1e-5", "bounds", "seq-mean", "truncate"))
+# the corrections in training, each arm against A-3PO in its folder (docs/results/corrections-yardstick/PLAN.md)
+CORRECTIONS = ("corrections-yardstick/local",)
 
 # each checked section of docs/results.md (by the start of its heading; of another page: "PAGE#start") and the record
 # folders its numbers come from
@@ -74,12 +76,13 @@ SECTIONS = {
     "A slow reward service": SERVICE,
     "The first staleness study": ("evidence-eta8-lockstep",),
     "LoRA": (*LORA, "lora-step", "lora-memory"),
-    "docs/training.md#Which proximal method when": (*STUDY, "fidelity-corrections", *COLLAPSE),
+    "docs/training.md#Which proximal method when": (*STUDY, "fidelity-corrections", *COLLAPSE, *CORRECTIONS),
     # the plans quote the records their screens start from
     **{f"docs/results/collapse-factors/PLAN.md#{h}": ("evidence-eta8-lockstep", "yardstick-base")
        for h in ("Why decoupled PPO fails", "Runs", "Reading")},
     "docs/results/corrections-yardstick/PLAN.md#The off-policy corrections": STUDY,
     "docs/results/equivalence-retry-pilot/PLAN.md#Yardstick": ("evidence-retry-eta8-lockstep",),
+    "docs/results/corrections-yardstick/PLAN.md#Cell 1's outcome": ("evidence-eta8-lockstep", *CORRECTIONS),
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
@@ -303,6 +306,19 @@ def _run(c: Catalogue, folder: str) -> None:
                  and isinstance(v, float)]
 
 
+def _corrections(c: Catalogue, folder: str) -> None:
+    """What each correction did in its runs: per cell, each seed's mean over steps of the shares it masked or
+    truncated (read from the run folders kept beside the record)."""
+    for rs in cells(folder).values():
+        for key in ("loss/corr_masked_frac", "loss/tis_truncated_frac"):
+            means = []
+            for r in rs:
+                rows = [json.loads(x) for x in (RESULTS / folder / "runs" / r["key"] / "metrics.jsonl").read_text()
+                        .splitlines() if x]
+                means.append(statistics.fmean(row[key] for row in rows if key in row))
+            c.list(means)
+
+
 def _against(c: Catalogue, folder: str, ref: str, ref_arm: str) -> None:
     """Each cell of a study folder minus `ref_arm`'s runs of the same eta and minibatch count in folder `ref`,
     paired by seed: a factor screen's runs against the runs it changes one thing of."""
@@ -356,6 +372,11 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
         elif folder in COLLAPSE:
             _study(c, folder)
             _against(c, folder, "evidence-eta8-lockstep", "loglinear")
+        elif folder in CORRECTIONS:
+            _study(c, folder)
+            _corrections(c, folder)
+            _against(c, folder, folder, "loglinear")
+            _against(c, folder, "evidence-eta8-lockstep", "recompute")  # the plan's second reference for TIS
         elif folder in E2E:
             _e2e(c, folder)
         elif folder in ("yardstick-base", "yardstick-retry-base", "evidence-retry-eta2-lockstep/sampled"):
@@ -814,7 +835,7 @@ def test_the_openmp_waits_quoted_are_the_tools_records():
 def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
     """Cell 1 of the corrections plan names the runs its A-3PO arm was expected to repeat (its band [0.99, 1.01] is a
     setting, not an interval, so the section is checked here rather than number by number)."""
-    text = normal(section("docs/results/corrections-yardstick/PLAN.md#Cell 1"))
+    text = normal(section("docs/results/corrections-yardstick/PLAN.md#Cell 1: the local"))
     finals = [r["eval_final"] for r in cells("evidence-eta8-lockstep")[("loglinear", 8, 1)]]
     assert ", ".join(f"{x:.3f}" for x in finals[:3]) in text, finals
 
@@ -832,3 +853,21 @@ def test_the_clean_clone_s_times_are_its_record():
                    f"exit {train['exit']}, {train['wall_s']} s, held-out {train['held_out'][0]} → "
                    f"{train['held_out'][1]}"):
         assert quoted in text, quoted
+
+
+def test_the_corrections_screen_reads_as_its_plan_says():
+    """docs/training.md reads the corrections screen by its plan's rule: paired by seed against A-3PO in the same
+    folder, an interval that excludes 0 reads lower or higher, one that holds it reads "no measurable difference"."""
+    text = normal(section("docs/training.md#Which proximal method when"))
+    by_arm = {arm: {r["seed"]: r["eval_final"] for r in rs} for (arm, _, _), rs in cells(CORRECTIONS[0]).items()}
+    assert all(sorted(seeds) == [1, 2, 3] for seeds in by_arm.values()), "the plan fixed seeds 1 to 3"
+    reading = {}
+    for arm, seeds in by_arm.items():
+        if arm != "loglinear":
+            lo, hi = report.t_interval([seeds[s] - by_arm["loglinear"][s] for s in seeds])["interval"]
+            reading[arm] = "lower" if hi < 0 else "higher" if lo > 0 else "none"
+    assert reading == {"loglinear-icepop": "lower", "recompute-tis": "none", "loglinear-cispo": "none",
+                       "loglinear-sapo": "none"}
+    assert "IcePop at this band ended lower than A-3PO alone on every seed" in text
+    assert all(by_arm["loglinear-icepop"][s] < by_arm["loglinear"][s] for s in (1, 2, 3))
+    assert "For TIS, CISPO and SAPO there is no measurable difference from A-3PO" in text
