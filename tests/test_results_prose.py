@@ -54,7 +54,7 @@ E2E = ("lockstep-cost", "lockstep-cost-no-borrowing", *SERVICE, *LORA)
 # one factor at a time against part 3's A-3PO runs (docs/results/collapse-factors/PLAN.md)
 COLLAPSE = tuple(f"collapse-factors/{f}" for f in ("lr1e-5", "bounds", "seq-mean", "truncate"))
 # the corrections in training, each arm against A-3PO in its folder (docs/results/corrections-yardstick/PLAN.md)
-CORRECTIONS = ("corrections-yardstick/local",)
+CORRECTIONS = ("corrections-yardstick/local", "corrections-yardstick/vllm")
 
 # each checked section of docs/results.md (by the start of its heading; of another page: "PAGE#start") and the record
 # folders its numbers come from
@@ -871,3 +871,10 @@ def test_the_corrections_screen_reads_as_its_plan_says():
     assert "IcePop at this band ended lower than A-3PO alone on every seed" in text
     assert all(by_arm["loglinear-icepop"][s] < by_arm["loglinear"][s] for s in (1, 2, 3))
     assert "For TIS, CISPO and SAPO there is no measurable difference from A-3PO" in text
+    vllm = {arm: {r["seed"]: r["eval_final"] for r in rs} for (arm, _, _), rs in cells(CORRECTIONS[1]).items()}
+    icepop = [vllm["loglinear-icepop"][s] - vllm["loglinear"][s] for s in (1, 2, 3)]
+    tis = [vllm["recompute-tis"][s] - vllm["loglinear"][s] for s in (1, 2, 3)]
+    assert max(icepop) < 0 and report.t_interval(icepop)["interval"][1] < 0
+    lo, hi = report.t_interval(tis)["interval"]
+    assert lo < 0 < hi
+    assert "IcePop again ended lower on every seed, by less; TIS again no measurable difference" in text
