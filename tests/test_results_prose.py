@@ -376,7 +376,8 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _study(c, folder)
             _corrections(c, folder)
             _against(c, folder, folder, "loglinear")
-            _against(c, folder, "evidence-eta8-lockstep", "recompute")  # the plan's second reference for TIS
+            if folder == CORRECTIONS[0]:  # the plan's second reference for TIS, on the local engine only
+                _against(c, folder, "evidence-eta8-lockstep", "recompute")
         elif folder in E2E:
             _e2e(c, folder)
         elif folder in ("yardstick-base", "yardstick-retry-base", "evidence-retry-eta2-lockstep/sampled"):

@@ -394,12 +394,10 @@ def regenerate(bench_dir: Path) -> dict:
 
 
 def resummarized(run: dict, bench_dir: Path) -> dict:
-    """A run's record summarised again from its metrics when its folder is there (a summary added since it ran
-    then appears), else as recorded. The folder beside the record comes first: a copy of the records elsewhere
-    (docs/results) reads its own run folders, not those of the machine it was copied from."""
+    """A run's record summarised again from its metrics when its folder is beside the record (a summary added since
+    it ran then appears), else as recorded. Only that folder: the run_dir a record names is a path on the machine it
+    ran on, and a copy of the records elsewhere (docs/results) must read its own."""
     run_dir = bench_dir / "runs" / str(run.get("key"))
-    if not run_dir.is_dir():
-        run_dir = Path(run.get("run_dir") or "/nonexistent")
     if not run.get("ok") or not (run_dir / "metrics.jsonl").exists() or not (run_dir / "config.yaml").exists():
         return run
     cfg = load_config(run_dir / "config.yaml")
