@@ -336,6 +336,17 @@ def test_model_flops_count_every_linear_weight_once_per_token():
     assert generation_flops(model, [5, 7], 3) == 2 * (cfg.num_hidden_layers * per_layer * 16 + len(tok) * d * 6)
 
 
+def test_the_machines_matmul_rate_takes_a_smaller_square_only_where_the_full_one_would_take_too_long(monkeypatch):
+    from a3po.bench import flops
+
+    cpu = torch.device("cpu")
+    assert flops._affordable_size(torch.float32, 2048, cpu) in (1024, 2048)  # fp32 runs at full speed everywhere
+    assert flops._affordable_size(torch.float32, 128, cpu) == 128  # a square at or under the probe's is kept
+    monkeypatch.setattr(flops, "MAX_CALL_S", 1e-9)  # as if every square were too slow: the probe's own size
+    assert flops._affordable_size(torch.float32, 2048, cpu) == flops.PROBE_SIZE
+    assert flops.matmul_rate(torch.float32, repeats=1) > 0
+
+
 def test_shape_rate_times_each_linear_shape_of_the_model_once():
     from a3po.bench.flops import linear_shapes, shape_rate
     from a3po.models import load_policy

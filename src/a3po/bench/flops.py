@@ -26,8 +26,13 @@ MATMUL_SIZE = 2048  # square matmul for the machine's rate: large enough to run 
 def matmul_rate(dtype: torch.dtype, repeats: int = 5, size: int = MATMUL_SIZE,
                 device: torch.device = CPU) -> float:
     """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on `device` (on the CPU at torch's current
-    thread count): the median of `repeats` after one warm-up call."""
+    thread count): the median of `repeats` after one warm-up call.
+
+    Where the dtype is emulated (bf16 on a CPU without AVX-512 BF16 or AMX runs near 1 GFLOP/s), one call of the
+    full square would take a minute: a smaller square, the largest whose call a first small one predicts to take
+    at most MAX_CALL_S, measures the rate instead, so that every benchmark names its rate in seconds."""
     g = torch.Generator().manual_seed(0)
+    size = _affordable_size(dtype, size, device)
     a = torch.randn(size, size, generator=g).to(device, dtype)
     b = torch.randn(size, size, generator=g).to(device, dtype)
     a @ b
@@ -39,6 +44,27 @@ def matmul_rate(dtype: torch.dtype, repeats: int = 5, size: int = MATMUL_SIZE,
         synchronize(device)
         times.append(time.perf_counter() - t0)
     return 2 * size**3 / statistics.median(times) / 1e9
+
+
+MAX_CALL_S = 2.0  # the longest one call of matmul_rate's square may be predicted to take
+PROBE_SIZE = 256  # the square that predicts it: a few milliseconds even where the dtype is emulated
+
+
+def _affordable_size(dtype: torch.dtype, size: int, device: torch.device) -> int:
+    """`size`, or the largest power of two below it whose matmul, predicted from a PROBE_SIZE one (time grows as
+    the cube of the side), takes at most MAX_CALL_S; never below PROBE_SIZE."""
+    if size <= PROBE_SIZE:
+        return size
+    a = torch.ones(PROBE_SIZE, PROBE_SIZE).to(device, dtype)
+    a @ a
+    synchronize(device)
+    t0 = time.perf_counter()
+    a @ a
+    synchronize(device)
+    probe_s = time.perf_counter() - t0
+    while size > PROBE_SIZE and probe_s * (size / PROBE_SIZE) ** 3 > MAX_CALL_S:
+        size //= 2
+    return max(size, PROBE_SIZE)
 
 
 def linear_weights(model) -> tuple[int, int]:
