@@ -45,9 +45,10 @@ def test_the_endpoints_of_one_run():
         eq.endpoint(rows[::2], "area")
 
 
-def _study(folder: Path, finals: dict[tuple[str, int], float], lr=1e-5, failed=(), commit=None):
-    """A staleness study folder as the bench writes it: results.json (runs, configs) and each run's held_out.jsonl,
-    with 100 problems whose first round(100 * final) are solved; each run made from `commit`."""
+def _study(folder: Path, finals: dict[tuple[str, int], float], lr=1e-5, failed=(), commit=None, machines=()):
+    """A staleness study folder as the bench writes it: results.json (runs, configs, the machines its invocations
+    ran on) and each run's held_out.jsonl, with 100 problems whose first round(100 * final) are solved; each run
+    made from `commit`."""
     runs, configs = [], {}
     for (arm, seed), final in finals.items():
         key = f"{arm}-eta8-mb4-seed{seed}"
@@ -58,7 +59,7 @@ def _study(folder: Path, finals: dict[tuple[str, int], float], lr=1e-5, failed=(
         (folder / "runs" / key).mkdir(parents=True)
         (folder / "runs" / key / "held_out.jsonl").write_text(
             json.dumps({"step": 0, "solved": solved(0.2)}) + "\n" + json.dumps({"step": 24, "solved": solved(final)}))
-    (folder / "results.json").write_text(json.dumps({"runs": runs, "configs": configs}))
+    (folder / "results.json").write_text(json.dumps({"runs": runs, "configs": configs, "machines": list(machines)}))
 
 
 DESIGN = """endpoint: final
@@ -90,7 +91,7 @@ def test_a_registered_study_reads_equivalent_and_says_it_followed_its_design(tmp
     diffs = [0.01, -0.01, 0.00, 0.01]
     finals = {("recompute", s + 1): r for s, r in enumerate(ref)}
     finals |= {("loglinear", s + 1): r + d for s, (r, d) in enumerate(zip(ref, diffs))}
-    _study(tmp_path / "cell", finals, commit=head)
+    _study(tmp_path / "cell", finals, commit=head, machines=[ZEN4])
     page = tmp_path / "page.md"
     assert eq.main([str(tmp_path / "DESIGN.yaml"), "--out", str(page)]) == 0
     text = page.read_text()
@@ -100,7 +101,23 @@ def test_a_registered_study_reads_equivalent_and_says_it_followed_its_design(tmp
     assert "equivalent within 0.03" in text
     assert "Registered: the design file was committed at" in text and "It has not changed since." in text
     assert f"Code: 8 run(s) from {head[:10]}." in text
+    assert "Machines: AMD EPYC (with native bf16), 2 cores, torch 2.13.0+cpu." in text
+    assert "one precision" not in text
     assert "The records followed the design." in text
+
+
+ZEN4 = {"cpu_model": "AMD EPYC", "avx512_bf16": True, "cpu_count": 2, "torch": "2.13.0+cpu"}
+
+
+def test_a_cell_continued_on_a_machine_without_native_bf16_says_its_runs_mixed_precisions(tmp_path):
+    (tmp_path / "DESIGN.yaml").write_text(DESIGN)
+    avx2 = {**ZEN4, "avx512_bf16": False}
+    _study(tmp_path / "cell", {("recompute", 1): 0.4, ("loglinear", 1): 0.4}, machines=[ZEN4, avx2])
+    design = eq.load_design(tmp_path / "DESIGN.yaml")
+    text = eq.markdown(design, tmp_path / "DESIGN.yaml", eq.analyse(design, tmp_path))
+    assert ("Machines: AMD EPYC (with native bf16), 2 cores, torch 2.13.0+cpu; AMD EPYC (without native bf16), "
+            "2 cores, torch 2.13.0+cpu. Some have native bf16 and some not") in text
+    assert "not all made in one precision" in text
 
 
 def _head(cwd) -> str:

@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from a3po.bench.report import emit_page
+from a3po.bench.runs import machines_of
 from a3po.intervals import t_quantile
 from a3po.machine import git
 
@@ -133,14 +134,15 @@ def seeds_for(sd: float, half_width: float, confidence: float) -> int:
     return n
 
 
-def _runs(folder: Path) -> tuple[list[dict], dict]:
-    """The runs of a staleness study folder and their configurations, from its results.json."""
+def _runs(folder: Path) -> tuple[list[dict], dict, list[dict]]:
+    """The runs of a staleness study folder, their configurations and the machines its invocations ran on, from
+    its results.json."""
     try:
         record = json.loads((folder / "results.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise DesignError(f"{folder}: no readable results.json ({e}); "
                           "give a folder `a3po bench staleness` wrote") from None
-    return record["runs"], record.get("configs", {})
+    return record["runs"], record.get("configs", {}), [m for m in machines_of(record) if m.get("cpu_model")]
 
 
 def _held_out(folder: Path, key: str) -> list[dict]:
@@ -211,7 +213,7 @@ def analyse(design: Design, root: Path) -> dict:
     cells = []
     for cell in design.cells:
         folder = root / cell.folder
-        runs, configs = _runs(folder) if (folder / "results.json").exists() else ([], {})
+        runs, configs, machines = _runs(folder) if (folder / "results.json").exists() else ([], {}, [])
         deviations, values, commits = [], {}, {}
         for run in runs:
             if (run["eta"], run["minibatches"]) != (cell.eta, cell.minibatches):
@@ -242,7 +244,8 @@ def analyse(design: Design, root: Path) -> dict:
                 m, sd, lo, hi = interval(diffs, design.confidence)
                 row |= {"mean": m, "sd": sd, "interval": (lo, hi), "reading": verdict(lo, hi, design.margin)}
             rows.append(row)
-        cells.append({"cell": cell, "rows": rows, "deviations": deviations, "commits": commits})
+        cells.append({"cell": cell, "rows": rows, "deviations": deviations, "commits": commits,
+                      "machines": machines})
     return {"cells": cells}
 
 
@@ -274,12 +277,26 @@ def markdown(design: Design, path: Path, result: dict) -> str:
         deviations = c["deviations"] + code_deviations
         followed = "The records followed the design." if not deviations else \
             "The records did NOT follow the design: " + "; ".join(deviations) + "."
-        lines += [line for line in (code, followed) if line] + [""]
+        lines += [line for line in (code, machines_line(c["machines"]), followed) if line] + [""]
     return "\n".join(lines)
 
 
+def machines_line(machines: list[dict]) -> str:
+    """Where the cell's runs were made (every machine its invocations ran on). `dtype: auto` computes in bf16 only
+    where the CPU does so natively, so a cell made on machines that differ there mixes two precisions: said."""
+    if not machines:
+        return ""
+    named = [f"{m.get('cpu_model')} ({'with' if m.get('avx512_bf16') else 'without'} native bf16), "
+             f"{m.get('cpu_count')} cores, torch {m.get('torch')}" for m in machines]
+    line = "Machines: " + "; ".join(named) + "."
+    if len({bool(m.get("avx512_bf16")) for m in machines}) > 1:
+        line += (" Some have native bf16 and some not: under `dtype: auto` the cell's runs were not all made in "
+                 "one precision.")
+    return line
+
+
 def pilot(folder: Path, reference: str, arm: str, half_width: float, confidence: float) -> str:
-    runs, _ = _runs(folder)
+    runs, _, _ = _runs(folder)
     by = {(r["arm"], r["seed"]): r for r in runs if r.get("ok")}
     seeds = sorted(s for (a, s) in by if a == arm and (reference, s) in by)
     if len(seeds) < 2:

@@ -287,7 +287,7 @@ def _load_previous(bench_dir: Path, header: dict, key_of: Callable[[dict], str])
         raise ConfigError(f"--out {bench_dir}: it holds a bench {old['benchmark']}, not a bench {header['benchmark']}; "
                           "choose a new --out")
     header["commands"] = _union(_commands_of(old), [header["command"]])
-    header["machines"] = _union(_machines_of(old), [machine_of(header)])
+    header["machines"] = _union(machines_of(old), [machine_of(header)])
     keep = []
     for r in old.get("runs", []):
         key = key_of(r)
@@ -319,7 +319,7 @@ def join_records(into: dict, other: dict, where: str) -> tuple[dict, list[dict],
     header = {k: v for k, v in into.items() if k not in ("runs", "wall_s")}
     header["configs"] = dict(into["configs"])
     header["commands"] = _union(_commands_of(into), _commands_of(other))
-    header["machines"] = _union(_machines_of(into), _machines_of(other))
+    header["machines"] = _union(machines_of(into), machines_of(other))
     runs, added_s = list(into["runs"]), 0.0
     for r in other["runs"]:
         key = r["key"]
@@ -341,7 +341,7 @@ def _commands_of(record: dict) -> list:
     return record.get("commands") or [record["command"]]  # records before `commands` held one
 
 
-def _machines_of(record: dict) -> list:
+def machines_of(record: dict) -> list:
     return record.get("machines") or [machine_of(record)]  # records before `machines` held one
 
 
