@@ -24,6 +24,7 @@ from procs import a3po
 
 from a3po.algo.filters import SamplingFilter
 from a3po.config import load_config
+from a3po.devices import native_bf16
 from a3po.models import load_policy
 from a3po.rollout.engine import GenerationRequest, generate
 from a3po.trainer.engine import TrainEngine
@@ -190,6 +191,9 @@ def bf16_gap(model, tok, fp32_head: bool) -> tuple[int, float]:
     return d.numel(), d.abs().mean().item()
 
 
+@pytest.mark.skipif(not native_bf16(torch.device("cpu")),
+                    reason="bf16 is emulated on this CPU (no AVX-512 BF16 or AMX; about 1 GFLOP/s): SmolLM2's bf16 "
+                           "numerics are checked where bf16 runs, tests/test_fp32_head.py checks the head here")
 def test_fp32_lm_head_brings_bf16_vllm_closer_to_the_trainer(smollm2):
     model, tok = smollm2
     (n, plain), (_, fp32) = bf16_gap(model, tok, False), bf16_gap(model, tok, True)
