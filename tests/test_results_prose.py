@@ -841,11 +841,14 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
     assert ", ".join(f"{x:.3f}" for x in finals[:3]) in text, finals
 
 
-def test_the_clean_clone_s_times_are_its_record():
-    """The last clean-clone section quotes what .ci/run and make train printed, kept in its record."""
-    rec = json.loads((RESULTS / "clean-clone" / "38b3344.json").read_text())
+@pytest.mark.parametrize(("record", "heading"), [
+    ("38b3344", "The clean clone after the four-minibatch screen"),
+    ("183cc96", "The clean clone on an AVX2-only CPU")])
+def test_the_clean_clone_s_times_are_its_record(record, heading):
+    """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
+    rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
     ci, tiers, train = rec["ci"], rec["ci"]["tiers_s"], rec["make_train"]
-    text = normal(section("The clean clone after the four-minibatch screen"))
+    text = normal(section(heading))
     for quoted in (f"exit {ci['exit']} in **{ci['wall_s'] / 60:.1f} min ({ci['wall_s']} s)**",
                    f"install {tiers['install']} s with `.venv-vllm` beside it ({tiers['vllm-install']} s)",
                    f"main-suite {tiers['main-suite']} s ({ci['main_suite']['passed']:,} passed, "
