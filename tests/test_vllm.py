@@ -192,7 +192,7 @@ def bf16_gap(model, tok, fp32_head: bool) -> tuple[int, float]:
 
 
 @pytest.mark.skipif(not native_bf16(torch.device("cpu")),
-                    reason="bf16 is emulated on this CPU (no AVX-512 BF16 or AMX; about 1 GFLOP/s): SmolLM2's bf16 "
+                    reason="bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): SmolLM2's bf16 "
                            "numerics are checked where bf16 runs, tests/test_fp32_head.py checks the head here")
 def test_fp32_lm_head_brings_bf16_vllm_closer_to_the_trainer(smollm2):
     model, tok = smollm2

@@ -142,7 +142,7 @@ def _runs(folder: Path) -> tuple[list[dict], dict, list[dict]]:
     except (OSError, json.JSONDecodeError) as e:
         raise DesignError(f"{folder}: no readable results.json ({e}); "
                           "give a folder `a3po bench staleness` wrote") from None
-    return record["runs"], record.get("configs", {}), [m for m in machines_of(record) if m.get("cpu_model")]
+    return record["runs"], record.get("configs", {}), machines_of(record)
 
 
 def _held_out(folder: Path, key: str) -> list[dict]:

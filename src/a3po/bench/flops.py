@@ -28,8 +28,8 @@ def matmul_rate(dtype: torch.dtype, repeats: int = 5, size: int = MATMUL_SIZE,
     """GFLOP/s of a (size x size) @ (size x size) matmul in `dtype` on `device` (on the CPU at torch's current
     thread count): the median of `repeats` after one warm-up call.
 
-    Where the dtype is emulated (bf16 on a CPU without AVX-512 BF16 or AMX runs near 1 GFLOP/s), one call of the
-    full square would take a minute: a smaller square, the largest whose call a first small one predicts to take
+    Where the dtype is emulated (bf16 on a CPU without AVX-512 BF16 or AMX), one call of the full square takes
+    orders of magnitude longer than in fp32: a smaller square, the largest whose call a first small one predicts to take
     at most MAX_CALL_S, measures the rate instead, so that every benchmark names its rate in seconds."""
     g = torch.Generator().manual_seed(0)
     size = _affordable_size(dtype, size, device)

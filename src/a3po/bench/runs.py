@@ -342,7 +342,9 @@ def _commands_of(record: dict) -> list:
 
 
 def machines_of(record: dict) -> list:
-    return record.get("machines") or [machine_of(record)]  # records before `machines` held one
+    """The machines a record's runs were made on: records before `machines` named one in their header, and a record
+    that names none (written by hand) has none."""
+    return record.get("machines") or ([machine_of(record)] if record.get("cpu_model") else [])
 
 
 def _union(first: list, then: list) -> list:
