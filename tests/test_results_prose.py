@@ -859,6 +859,21 @@ def test_the_clean_clone_s_times_are_its_record(record, heading):
         assert quoted in text, quoted
 
 
+def test_the_avx2_clean_clone_explains_its_time_with_its_record():
+    """The AVX2-only section's other figures (the emulated bf16 rate, the tests before and after the two fixes) are
+    the ones its record keeps."""
+    ex = json.loads((RESULTS / "clean-clone" / "183cc96.json").read_text())["explain"]
+    text = normal(section("The clean clone on an AVX2-only CPU"))
+    rate, before, after = ex["matmul_gflops_1thread"], ex["before_the_fixes_s"], ex["after_the_fixes_s"]
+    for quoted in (f"ran {rate['float32_2048'][0]}-{rate['float32_2048'][1]} GFLOP/s in fp32 and "
+                   f"{rate['bfloat16_2048']} in bf16, about {rate['bfloat16_512']} on a 512² square",
+                   f"spent {before['bench_rollout_fixture']} s there, {after['bench_rollout_fixture']} s now",
+                   f"emulated bf16 ({before['vllm_bf16_test']} s;",
+                   f"the main suite took {before['main-suite']:,} s here and the vLLM tier {before['vllm-suite']} s",
+                   f"alone took {ex['slowest_test_s']['readme_smollm2_check']} s in this clone"):
+        assert quoted in text, quoted
+
+
 def test_the_corrections_screen_reads_as_its_plan_says():
     """docs/training.md reads the corrections screen by its plan's rule: paired by seed against A-3PO in the same
     folder, an interval that excludes 0 reads lower or higher, one that holds it reads "no measurable difference"."""
