@@ -843,7 +843,8 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
 
 @pytest.mark.parametrize(("record", "heading"), [
     ("38b3344", "The clean clone after the four-minibatch screen"),
-    ("183cc96", "The clean clone on an AVX2-only CPU")])
+    ("183cc96", "The clean clone on an AVX2-only CPU ("),
+    ("08b5356", "The clean clone on an AVX2-only CPU, with less")])
 def test_the_clean_clone_s_times_are_its_record(record, heading):
     """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
     rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
@@ -863,7 +864,7 @@ def test_the_avx2_clean_clone_explains_its_time_with_its_record():
     """The AVX2-only section's other figures (the emulated bf16 rate, the tests before and after the two fixes) are
     the ones its record keeps."""
     ex = json.loads((RESULTS / "clean-clone" / "183cc96.json").read_text())["explain"]
-    text = normal(section("The clean clone on an AVX2-only CPU"))
+    text = normal(section("The clean clone on an AVX2-only CPU ("))
     rate, before, after = ex["matmul_gflops_1thread"], ex["before_the_fixes_s"], ex["after_the_fixes_s"]
     for quoted in (f"ran {rate['float32_2048'][0]}-{rate['float32_2048'][1]} GFLOP/s in fp32 and "
                    f"{rate['bfloat16_2048']} in bf16, about {rate['bfloat16_512']} on a 512² square",
@@ -871,6 +872,28 @@ def test_the_avx2_clean_clone_explains_its_time_with_its_record():
                    f"emulated bf16 ({before['vllm_bf16_test']} s;",
                    f"the main suite took {before['main-suite']:,} s here and the vLLM tier {before['vllm-suite']} s",
                    f"alone took {ex['slowest_test_s']['readme_smollm2_check']} s in this clone"):
+        assert quoted in text, quoted
+
+
+def test_the_second_avx2_clean_clone_explains_its_time_with_its_record():
+    """The figures behind what changed in set-up and the vLLM tier, and where the main suite's time goes, are the
+    ones the record keeps."""
+    ex = json.loads((RESULTS / "clean-clone" / "08b5356.json").read_text())["explain"]
+    text = normal(section("The clean clone on an AVX2-only CPU, with less"))
+    pip, first, pyc, vllm = ex["pip_install_s"], ex["first_import_s"], ex["pyc_files"], ex["vllm_tier_s"]
+    tiny, imports, durations = ex["tiny_run"], ex["import_s"], ex["main_suite_durations"]
+    for quoted in (f"it took {pip['byte_compiled']} s, {pip['no_compile']} s with `--no-compile`",
+                   f"A run imports {pyc['first_import']:,} modules of the {pyc['pip']:,} files pip compiled",
+                   f"took {first['compiling']} s, {first['compiled']} s after",
+                   f"took {vllm['warm_before']} s on a warm inductor cache",
+                   f"as long as each other: {vllm['warm_after']} s", f"the tier took {vllm['cold_before']} s before",
+                   f"takes {tiny['wall_s']} s of wall time and {tiny['cpu_s']} s of CPU",
+                   f"spend {tiny['import_s']['trainer']} s (the trainer) and {tiny['import_s']['worker']} s (the "
+                   "rollout worker) importing",
+                   f"`import torch` alone {imports['torch']} s, with transformers' Llama model "
+                   f"{imports['llama_from_transformers']} s",
+                   f"its tests took {durations['tests_s']:,} s on two pytest processes ({durations['wall_s']:,} s of "
+                   f"wall time", f"{durations['tests_over_10_s']:,} s of it in tests of 10 s or more"):
         assert quoted in text, quoted
 
 
