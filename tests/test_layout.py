@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import its own package and any lower layer, never a higher one):
     leaves    files, signals, allocator, child,     plain helpers, no a3po imports
-              machine, intervals, episode_end
+              startup, machine, intervals, episode_end
     algo      the algorithm as pure functions, and every variant's name; metrics, every key it and the
               rest of a run log (below config, whose docs.py renders them)
     config    the schema, its loader and generated docs; devices resolves its choices to torch objects
@@ -23,7 +23,7 @@ import a3po
 
 ROOT = Path(a3po.__file__).parent
 LAYERS = [
-    {"files", "signals", "allocator", "child", "machine", "intervals", "episode_end", "__init__"},
+    {"files", "signals", "allocator", "child", "startup", "machine", "intervals", "episode_end", "__init__"},
     {"algo", "metrics"},
     {"config", "devices"},
     {"data", "models", "trajectories"},

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib
 import os
 import sys
 import textwrap
 from typing import NoReturn
 
-from a3po import __version__, signals
+from a3po import __version__, signals, startup
 
 # Everything else is imported where it is used, after main() installed the signal handlers:
 # a Ctrl-C in the first moments of the command is then one line too, not an import's traceback.
@@ -84,31 +85,15 @@ def _bench(args, argv: list[str]) -> int:
         extras.require("plots", f"a3po bench {options.command}")
     if options.command == "step" and options.lora_rank:
         extras.require("lora", f"a3po bench step --lora-rank {options.lora_rank}")
-    if options.command == "step":
-        from a3po.bench import step
-
-        return step.main(options)
-    if options.command == "rollout":
-        from a3po.bench import rollout
-
-        return rollout.main(options)
     if options.command == "sync":
-        from a3po.bench import sync
         from a3po.launch import check_ray
 
         check_ray("a3po bench sync")
-        return sync.main(options)
-    if options.command == "e2e":
-        from a3po.bench import e2e
-
-        return e2e.main(options, argv)
-    if options.command == "fidelity":
-        from a3po.bench import fidelity
-
-        return fidelity.main(options, argv)
-    from a3po.bench import staleness
-
-    return staleness.main(options, argv)
+    with signals.deferred(), startup.collector_held():
+        bench = importlib.import_module(f"a3po.bench.{options.command}")
+    if options.command in ("e2e", "staleness", "fidelity"):  # they pass the key=value overrides on to their runs
+        return bench.main(options, argv)
+    return bench.main(options)
 
 
 def _eval(args) -> int:
@@ -116,7 +101,7 @@ def _eval(args) -> int:
 
     if args.samples < 1:
         return _print(exits.usage_error(f"--samples {args.samples}: must be at least 1"))
-    with signals.deferred():
+    with signals.deferred(), startup.collector_held():
         from a3po import heldout
     try:
         return heldout.main(args.target, args.config, args.preset, args.overrides, args.samples, args.out)
@@ -127,7 +112,7 @@ def _eval(args) -> int:
 def _export(args) -> int:
     from a3po.pipeline import exits
 
-    with signals.deferred():
+    with signals.deferred(), startup.collector_held():
         from a3po import export
     try:
         return export.main(args.target, args.out)
@@ -146,7 +131,7 @@ def _serve(args) -> int:
         check_path(args.model)
     except Exception as e:
         return ended(e, exits.SERVE)
-    with signals.deferred():
+    with signals.deferred(), startup.collector_held():
         from a3po import serve
     try:
         return serve.main(serve.ServeArgs(args.model, args.host, args.port, args.backend, args.dtype, args.device,
@@ -315,7 +300,7 @@ def _main(argv: list[str] | None) -> int:
             return ended(e, exits.INPUTS)
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
         # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
-        with signals.deferred():
+        with signals.deferred(), startup.collector_held():
             from a3po.pipeline.run import train
 
         code = train(cfg, resume=args.resume, inputs=inputs)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from a3po import signals
+from a3po import signals, startup
 from a3po.config import Config
 from a3po.files import writing
 from a3po.pipeline import exits
@@ -78,7 +78,8 @@ def _ending(error: BaseException, progress: Progress, fileroot: Path) -> Ending 
 def _train(cfg: Config, resume: str | None, progress: Progress, inputs: RunInputs | None) -> int:
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:  # closes what was built in reverse, however the block is left
-        run = build_run(cfg, resume, inputs, progress, stack)
+        with startup.collector_held():
+            run = build_run(cfg, resume, inputs, progress, stack)
         if not run.resumed and cfg.evaluator.initial:
             say("a3po: evaluating the initial policy on the held-out split ...")
             run.sinks.log(0, _evaluation(run, 0))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from a3po import child
+from a3po import child, startup
 from a3po.allocator import keep_freed_memory
 from a3po.config import Config
 from a3po.config.choices import Backend, WeightUpdate
@@ -252,7 +252,8 @@ def serve(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, 
     w = None
     outbox = Outbox(conn)
     try:
-        w = _Worker(worker_id, cfg, scoring, weights, version, outbox)
+        with startup.collector_held():
+            w = _Worker(worker_id, cfg, scoring, weights, version, outbox)
         outbox.put(Ready(worker_id, version))
         running = True
         while running:

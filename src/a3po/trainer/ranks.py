@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from a3po import child, signals
+from a3po import child, signals, startup
 from a3po.algo.filters import SamplingFilter
 from a3po.config import Config, ConfigError
 from a3po.devices import resolve_device
@@ -74,11 +74,13 @@ def follow(cfg: Config, rank: int, world: int, addr: str | None, port: int | Non
     torch.set_num_threads(threads)
     device = rank_device(cfg.actor.device, rank)
     try:
-        from a3po.models import load_policy
+        with startup.collector_held():
+            from a3po.models import load_policy
 
-        model, _ = load_policy(cfg.actor.path, seed=cfg.seed)
-        dp = parallel.init(rank, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, addr=addr, port=port)
-        engine = build_engine(cfg, model, device, dp)
+            model, _ = load_policy(cfg.actor.path, seed=cfg.seed)
+            dp = parallel.init(rank, world, cfg.cluster.data_parallel, cfg.cluster.timeout_s, device, addr=addr,
+                               port=port)
+            engine = build_engine(cfg, model, device, dp)
         dp.follow(follower_commands(engine))
         return 0
     except Exception as e:  # rank 0 gone, or the same error rank 0 met and reports
