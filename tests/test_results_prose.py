@@ -844,7 +844,8 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
 @pytest.mark.parametrize(("record", "heading"), [
     ("38b3344", "The clean clone after the four-minibatch screen"),
     ("183cc96", "The clean clone on an AVX2-only CPU ("),
-    ("08b5356", "The clean clone on an AVX2-only CPU, with less")])
+    ("08b5356", "The clean clone on an AVX2-only CPU, with less"),
+    ("6d4ac0e", "Start-up with the collector held back")])
 def test_the_clean_clone_s_times_are_its_record(record, heading):
     """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
     rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
@@ -920,3 +921,20 @@ def test_the_corrections_screen_reads_as_its_plan_says():
     lo, hi = report.t_interval(tis)["interval"]
     assert lo < 0 < hi
     assert "IcePop again ended lower on every seed, by less; TIS again no measurable difference" in text
+
+
+def test_the_start_up_figures_are_the_tools_record():
+    """The start-up section quotes tools/startup_cost.py's record: the tiny run's CPU time with and without the
+    collector held back, their ratio, and the time each process spent collecting."""
+    rec = json.loads((RESULTS / "startup-gc" / "c225e93.json").read_text())
+    plain, held, ratio = rec["median"]["plain"], rec["median"]["held"], rec["cpu_ratio_held_to_plain"]
+    assert rec["commit"].startswith("c225e93") and len(rec["repeats"]) == 6 and not rec["machine"]["avx512_bf16"]
+    text = normal(section("Start-up with the collector held back"))
+    for quoted in (f"{plain['trainer_collections']:.0f} collections in a tiny run's trainer",
+                   f"{plain['cpu_s']:.2f} CPU-s without and {held['cpu_s']:.2f} CPU-s with it (medians), "
+                   f"{ratio['median']:.3f} of the CPU time (per-repeat {ratio['min']:.3f} to {ratio['max']:.3f})",
+                   f"the trainer {plain['trainer_gc_s']:.2f} s → {held['trainer_gc_s']:.2f} s, the rollout worker "
+                   f"{plain['worker_gc_s']:.2f} s → {held['worker_gc_s']:.2f} s",
+                   "6 repeats"):
+        assert quoted in text, quoted
+    assert held["cpu_s"] < plain["cpu_s"] and ratio["max"] < 1, "the record no longer shows a saving"
