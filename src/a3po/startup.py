@@ -2,11 +2,10 @@
 
 Before it does any work, an a3po process imports torch and transformers and builds a model: a heap of
 hundreds of thousands of objects, none of them garbage yet, which Python's cycle collector walks again at
-every full collection while the heap grows. Held back while that happens, the collector then collects once
-(what start-up dropped in cycles is freed, not kept for the run's lifetime) and freezes the rest
-(gc.freeze): the training loop's full collections walk only what the run allocates. Held back, not switched
-off: a young collection still runs every HELD[0] allocations, so a process that stays in start-up cannot
-grow without bound.
+every full collection while the heap grows. Held back while that happens, the collector then finds all of
+it frozen (gc.freeze): the training loop's full collections walk only what the run allocates. Held back,
+not switched off: a young collection still runs every HELD[0] allocations, so a process that stays in
+start-up cannot grow without bound.
 
 Stdlib only, like child.py: the command line imports this before torch.
 """
@@ -22,13 +21,11 @@ HELD = (100_000, 10, 10)  # gc thresholds while starting: allocations per young 
 
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
-    """Run the block with the collector's thresholds at HELD; afterwards collect once, freeze what is left and
-    restore them."""
+    """Run the block with the collector's thresholds at HELD; afterwards freeze what exists and restore them."""
     before = gc.get_threshold()
     gc.set_threshold(*HELD)
     try:
         yield
     finally:
-        gc.collect()
         gc.freeze()
         gc.set_threshold(*before)
