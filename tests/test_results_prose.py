@@ -938,3 +938,7 @@ def test_the_start_up_figures_are_the_tools_record():
                    "6 repeats"):
         assert quoted in text, quoted
     assert held["cpu_s"] < plain["cpu_s"] and ratio["max"] < 1, "the record no longer shows a saving"
+    tried = json.loads((RESULTS / "startup-gc" / "32121a9.json").read_text())  # a collection before the freeze
+    held, ratio = tried["median"]["held"], tried["cpu_ratio_held_to_plain"]
+    assert (f"the collecting went back to {held['trainer_gc_s']:.2f} s (trainer) and {held['worker_gc_s']:.2f} s "
+            f"(worker), {ratio['median']:.3f} of the CPU time") in text
