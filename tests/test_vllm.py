@@ -237,7 +237,6 @@ def test_lora_adapters_reach_vllm_through_the_fold(tmp_path):
     """With LoRA the worker folds each published adapter into its base and vLLM reloads the folded weights:
     tokens sampled by the version being trained have the trainer's log-probs (fp32) while the adapters move
     (tests/test_lora.py measures how far the same settings move the tiny model from its base: > 1e-2)."""
-
     res = a3po("train", "--preset", "tiny", "logging.tensorboard=false", "rollout.backend=vllm", "actor.lora.rank=4",
                "actor.lora.lr=0.05", "rollout.max_head_offpolicyness=0", "total_train_steps=3",
                "evaluator.freq_steps=0", "saver.freq_steps=0", cwd=tmp_path, timeout=900)

@@ -77,7 +77,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench(args, argv: list[str]) -> int:
-    from a3po.bench.args import from_namespace
+    from a3po.bench.args import TrainBenchArgs, from_namespace
     from a3po.config import extras
 
     options = from_namespace(args)  # checked: a bad option is a ConfigError before anything runs
@@ -91,7 +91,7 @@ def _bench(args, argv: list[str]) -> int:
         check_ray("a3po bench sync")
     with signals.deferred(), startup.collector_held():
         bench = importlib.import_module(f"a3po.bench.{options.command}")
-    if options.command in ("e2e", "staleness", "fidelity"):  # they pass the key=value overrides on to their runs
+    if isinstance(options, TrainBenchArgs):  # made of `a3po train` runs: argv's key=value overrides go on to them
         return bench.main(options, argv)
     return bench.main(options)
 
