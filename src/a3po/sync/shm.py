@@ -25,13 +25,27 @@ from torch import Tensor
 
 @dataclass
 class SharedBuffers:
-    """Both buffers, and which one holds the version published last: what a worker is started with."""
+    """Both buffers, and which one holds the version published last: what a worker is started with.
 
-    buffers: tuple[dict[str, Tensor], dict[str, Tensor]]
+    Each buffer is one flat shared-memory tensor; the weights are views into it, made on the side that reads
+    them. So handing a worker both buffers passes two file descriptors, not one per tensor (SmolLM2 has 272
+    tensors; a fork server passes at most 252 descriptors to a child, launch/forked.py)."""
+
+    flats: tuple[Tensor, Tensor]
+    shapes: dict[str, torch.Size]
     current: int
 
+    def tensors(self, index: int) -> dict[str, Tensor]:
+        """Buffer `index`'s weights by name: views of its flat tensor."""
+        out, at = {}, 0
+        for name, shape in self.shapes.items():
+            n = shape.numel()
+            out[name] = self.flats[index][at:at + n].view(shape)
+            at += n
+        return out
+
     def take(self) -> dict[str, Tensor]:
-        return self.buffers[self.current]
+        return self.tensors(self.current)
 
 
 @dataclass
@@ -41,14 +55,20 @@ class InBuffer:
     index: int
 
     def tensors(self, given: SharedBuffers) -> dict[str, Tensor]:
-        return given.buffers[self.index]
+        return given.tensors(self.index)
 
 
 class SharedWeights:
     def __init__(self, state: Mapping[str, Tensor]):
-        copy = lambda: {k: v.detach().to("cpu", torch.float32, copy=True).contiguous().share_memory_()
-                        for k, v in state.items()}
-        self.buffers = (copy(), copy())
+        shapes = {k: v.shape for k, v in state.items()}
+        size = sum(shape.numel() for shape in shapes.values())
+        self._given = SharedBuffers((torch.empty(size, dtype=torch.float32).share_memory_(),
+                                     torch.empty(size, dtype=torch.float32).share_memory_()), shapes, 0)
+        self.buffers = (self._given.tensors(0), self._given.tensors(1))
+        with torch.no_grad():
+            for buffer in self.buffers:
+                for name, value in state.items():
+                    buffer[name].copy_(value.detach())
         self.current = 0
 
     @torch.no_grad()
@@ -61,7 +81,7 @@ class SharedWeights:
         return sum(t.nbytes for t in self.buffers[spare].values())
 
     def at_start(self) -> SharedBuffers:
-        return SharedBuffers(self.buffers, self.current)
+        return SharedBuffers(self._given.flats, self._given.shapes, self.current)
 
     def for_load(self) -> InBuffer:
         return InBuffer(self.current)
