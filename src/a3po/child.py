@@ -27,6 +27,7 @@ def take_signals() -> None:
     are started with both signals blocked (signals.blocked_in_children), so a Ctrl-C that
     arrived while this one was still importing is dropped here, when SIGINT is unblocked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a process forked from launch/forked.py's server inherits SIG_IGN
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
 

@@ -249,6 +249,7 @@ def _leave(code: int) -> NoReturn:
 def _main(argv: list[str] | None) -> int:
     from a3po.allocator import keep_freed_memory
     from a3po.config import ConfigError, dump_yaml, load_config
+    from a3po.config.choices import Launcher
     from a3po.pipeline import exits
     from a3po.trainer.checkpoint import resume_config
 
@@ -302,7 +303,13 @@ def _main(argv: list[str] | None) -> int:
         # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
         with signals.deferred(), startup.collector_held():
             from a3po.pipeline.run import train
+            from a3po.rollout.worker import worker_imports
 
+            worker_imports()
+        if cfg.cluster.launcher == Launcher.LOCAL:
+            from a3po.launch import forked
+
+            forked.start()  # before torch runs anything: the workers and ranks are forked from it, imports done
         code = train(cfg, resume=args.resume, inputs=inputs)
         if program:
             _leave(code)

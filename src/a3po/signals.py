@@ -124,6 +124,8 @@ def blocked_in_children():
     (a3po/child.py ignores SIGINT, then unblocks), instead of printing a KeyboardInterrupt
     traceback from inside an import. The parent still sees the signal: Python runs its
     handler on the main thread when the mask is restored, or at once if another thread took it.
+    A child forked from launch/forked.py's server has nothing left to import and inherits the
+    server's mask instead, with SIGINT and SIGTERM ignored until a3po/child.py sets them.
     """
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to inherit
         yield

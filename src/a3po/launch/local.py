@@ -1,6 +1,7 @@
-"""The local launcher: spawned processes on this machine (never forked: a forked child would
-inherit the trainer's torch threads and locks), multiprocessing queues and pipes, and weights
-in shared memory.
+"""The local launcher: processes on this machine, multiprocessing queues and pipes, and weights in shared memory.
+
+The processes are never forked from the trainer (a child would inherit its torch threads and locks): they
+are forked from the server launch/forked.py made before the trainer ran anything, or else spawned.
 
 Each worker writes into a pipe of its own whose other end only the trainer holds, so a worker
 killed halfway through a message leaves the trainer an end of file on that pipe, never a torn
@@ -9,8 +10,7 @@ message in a channel the other workers share.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
+from a3po.launch import forked
 from a3po.sync import SharedWeights
 
 
@@ -30,7 +30,7 @@ class LocalLauncher:
     name = "local"
 
     def __init__(self):
-        self._ctx = mp.get_context("spawn")
+        self._ctx = forked.context()
 
     def host(self) -> str:
         """The address other ranks reach rank 0 at."""

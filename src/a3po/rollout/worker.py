@@ -1,6 +1,6 @@
 """A rollout worker process: its own inference engine, fed prompt groups, returning scored groups.
 
-The trainer spawns one process per worker (`rollout.n_workers`), each with its own torch
+The trainer starts one process per worker (`rollout.n_workers`), each with its own torch
 thread count (docs/design.md §9: separate processes with their own threads barely slow each other,
 threads in one process fight over the GIL in the decode loop). A worker's inbox is FIFO,
 so weights published for version v are loaded before any prompt admitted at version v
@@ -234,9 +234,17 @@ def newest_weights_first(msgs: list) -> list:
     return [loads[-1], *(m for m in msgs if not isinstance(m, LoadWeights))]
 
 
+def worker_imports() -> None:
+    """Import what building a worker imports (the local engine; transformers' Llama classes, the built-in models'),
+    for a process that forks its workers once its own imports are done (launch/forked.py): they then start with
+    all of it imported."""
+    import a3po.models.tiny  # noqa: F401
+    import a3po.rollout.local  # noqa: F401
+
+
 def worker_main(worker_id: int, cfg: Config, scoring: Scoring, weights, version: int, threads: int, inbox,
                 conn) -> None:
-    """Entry point of a spawned rollout worker; `conn` is the write end of its own pipe to the trainer."""
+    """Entry point of a rollout worker process; `conn` is the write end of its own pipe to the trainer."""
     child.take_signals()
     child.name_process(f"a3po-rollout-{worker_id}")
     child.exit_when_orphaned()  # within ORPHAN_POLL_S, and at once through the parent's pipe

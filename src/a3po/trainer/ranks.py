@@ -63,7 +63,7 @@ def torchrun_rank() -> tuple[int, int]:
 
 def world_size(cfg: Config) -> tuple[int, bool]:
     """(trainer ranks, whether torchrun started them): torchrun's WORLD_SIZE where it is set, else
-    cluster.n_trainer_ranks, which `a3po train` spawns itself."""
+    cluster.n_trainer_ranks, which `a3po train` starts itself."""
     if "WORLD_SIZE" in os.environ:
         return torchrun_rank()[1], True
     return cfg.cluster.n_trainer_ranks, False
