@@ -1,20 +1,23 @@
-"""What holding the cycle collector back at start-up (a3po/startup.py) saves a short run, side by side.
+"""What a3po's start-up measures save a short run, side by side: the cycle collector held back (a3po/startup.py)
+and the rollout workers forked from a server made after the trainer's imports (a3po/launch/forked.py).
 
-    PYTHONPATH=src python tools/startup_cost.py [--repeats 4] [--steps 2] [--out FILE]
+    PYTHONPATH=src python tools/startup_cost.py [--arms plain,held,forked] [--repeats 4] [--steps 2] [--out FILE]
 
-Each repeat runs the same tiny `a3po train` twice in fresh folders, arms alternated: as a3po starts
-(`held`), and with startup.collector_held replaced by a block that does nothing in every process of the
-command (`plain`, through a sitecustomize.py first on PYTHONPATH). A run is a trainer and its rollout
+Each repeat runs the same tiny `a3po train` once per arm in fresh folders, the arms' order alternated.
+`forked` is a3po as it starts; `held` has launch/forked.start replaced by a no-op in every process of the
+command (its workers are spawned and import everything again), `plain` has startup.collector_held replaced
+by an empty block too (through a sitecustomize.py first on PYTHONPATH). A run is a trainer and its rollout
 worker, almost all of whose CPU time on a small model is start-up, so this is the cost of every test that
-starts a run. CPU seconds are the whole command's (trainer, worker, reward process: every process it
-waited for); the ratio held/plain of each repeat's pair is reported with the medians. Where the difference
-comes from: each process of both arms also counts its collections and the CPU seconds spent in them
-(gc.callbacks), reported for the trainer and the rollout worker.
+starts a run. CPU seconds are the whole command's: this tool is its processes' subreaper, so the forked
+workers and their server, which outlive the trainer by a moment, are waited for and counted too. Each arm's
+ratio to the first arm, per repeat, is reported with the medians. Each process also counts its collections
+and the CPU seconds spent in them (gc.callbacks), reported for the trainer and the rollout worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -27,7 +30,11 @@ from pathlib import Path
 
 from a3po.machine import code_commit, machine
 
-PLAIN = "import contextlib\nimport a3po.startup\na3po.startup.collector_held = contextlib.nullcontext\n"
+NOT_HELD = "import contextlib\nimport a3po.startup\na3po.startup.collector_held = contextlib.nullcontext\n"
+SPAWNED = "import a3po.launch.forked\na3po.launch.forked.start = lambda: False\n"
+ARMS = {"plain": NOT_HELD + SPAWNED, "held": SPAWNED, "forked": ""}  # what each arm's processes replace
+PR_SET_CHILD_SUBREAPER = 36
+REAP_S = 30.0  # the forked workers' server ends within moments of the trainer
 # Every process of both arms: its collections and their CPU time, one JSON line at its exit (the workers leave
 # through os._exit, which skips atexit)
 COUNT = """
@@ -42,7 +49,8 @@ def _count(phase, info):
 gc.callbacks.append(_count)
 def _write():
     name = multiprocessing.current_process().name
-    kind = "worker" if name.startswith("a3po-rollout") else "trainer" if "train" in sys.argv else "other"
+    server = open("/proc/self/comm").read().startswith("a3po-forkserver")  # forked from the trainer: its argv
+    kind = "worker" if name.startswith("a3po-rollout") else "trainer" if "train" in sys.argv and not server else "other"
     with open(os.environ["STARTUP_COST_GC_FILE"], "a") as f:
         f.write(json.dumps({"pid": os.getpid(), "kind": kind, "gc_s": _gc["s"], "collections": _gc["n"]}) + "\\n")
 atexit.register(_write)
@@ -59,7 +67,7 @@ def one_run(arm: str, steps: int, work: Path) -> dict[str, float]:
     cwd = Path(tempfile.mkdtemp(dir=work))
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     (cwd / "site").mkdir()
-    (cwd / "site" / "sitecustomize.py").write_text(COUNT + (PLAIN if arm == "plain" else ""))
+    (cwd / "site" / "sitecustomize.py").write_text(COUNT + ARMS[arm])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd / "site"), env.get("PYTHONPATH")) if p)
     env["STARTUP_COST_GC_FILE"] = str(cwd / "gc.jsonl")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,6 +78,7 @@ def one_run(arm: str, steps: int, work: Path) -> dict[str, float]:
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         sys.exit(f"startup_cost: the {arm} run failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
+    reap_orphans()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     counts = {}  # by pid, the last line (the trainer writes at atexit and again at its os._exit)
@@ -83,38 +92,63 @@ def one_run(arm: str, steps: int, work: Path) -> dict[str, float]:
             **{f"{kind}_collections": v[0]["collections"] for kind, v in gc_of.items()}}
 
 
+def reap_orphans() -> None:
+    """Wait for the command's processes that outlived it (made ours by PR_SET_CHILD_SUBREAPER), so that their CPU
+    time is in RUSAGE_CHILDREN."""
+    deadline = time.monotonic() + REAP_S
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+    sys.exit(f"startup_cost: a process of the run was still alive {REAP_S:.0f} s after it ended")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arms", default="plain,held,forked", help=f"comma-separated, the first the reference: {ARMS}")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", type=Path, help="write the record here as JSON")
     args = ap.parse_args()
+    arms = args.arms.split(",")
+    if len(arms) < 2 or not set(arms) <= set(ARMS) or len(set(arms)) != len(arms):
+        sys.exit(f"startup_cost: --arms {args.arms}: two or more of {', '.join(ARMS)}, each once")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        sys.exit("startup_cost: cannot become a subreaper (Linux only): the forked workers' CPU would go uncounted")
     rows = []
     with tempfile.TemporaryDirectory(prefix="a3po-startup-") as work:
         for i in range(args.repeats):
-            order = ("plain", "held") if i % 2 == 0 else ("held", "plain")
+            order = arms if i % 2 == 0 else arms[::-1]
             pair = {arm: one_run(arm, args.steps, Path(work)) for arm in order}
             rows.append(pair)
-            print(f"repeat {i + 1}: plain {pair['plain']['cpu_s']:.2f} CPU-s ({pair['plain']['wall_s']:.1f} s wall), "
-                  f"held {pair['held']['cpu_s']:.2f} CPU-s ({pair['held']['wall_s']:.1f} s wall)", file=sys.stderr)
+            print(f"repeat {i + 1}: " + ", ".join(f"{arm} {pair[arm]['cpu_s']:.2f} CPU-s ({pair[arm]['wall_s']:.1f} s "
+                                                  f"wall)" for arm in arms), file=sys.stderr)
     keys = ("cpu_s", "wall_s", "trainer_gc_s", "worker_gc_s", "trainer_collections", "worker_collections")
-    med = {arm: {k: round(statistics.median(r[arm][k] for r in rows), 3) for k in keys} for arm in ("plain", "held")}
-    ratios = [r["held"]["cpu_s"] / r["plain"]["cpu_s"] for r in rows]
+    med = {arm: {k: round(statistics.median(r[arm][k] for r in rows), 3) for k in keys} for arm in arms}
+    ratios = {}
+    for arm in arms[1:]:
+        per_repeat = [r[arm]["cpu_s"] / r[arms[0]]["cpu_s"] for r in rows]
+        ratios[arm] = {"median": round(statistics.median(per_repeat), 3), "min": round(min(per_repeat), 3),
+                       "max": round(max(per_repeat), 3)}
     record = {
-        "command": f"PYTHONPATH=src python tools/startup_cost.py --repeats {args.repeats} --steps {args.steps}",
+        "command": f"PYTHONPATH=src python tools/startup_cost.py --arms {args.arms} --repeats {args.repeats} "
+                   f"--steps {args.steps}",
         "machine": machine(),
         "commit": code_commit(),
+        "arms": arms,
         "repeats": rows,
         "median": med,
-        "cpu_ratio_held_to_plain": {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
-                                    "max": round(max(ratios), 3)},
+        f"cpu_ratio_to_{arms[0]}": ratios,
     }
-    ratio = record["cpu_ratio_held_to_plain"]
-    print(f"a tiny {args.steps}-step run, median of {args.repeats}: plain {med['plain']['cpu_s']:.2f} CPU-s, "
-          f"held {med['held']['cpu_s']:.2f} CPU-s; held/plain {ratio['median']:.3f} "
-          f"(per-repeat {ratio['min']:.3f}..{ratio['max']:.3f}); in the collector: the trainer "
-          f"{med['plain']['trainer_gc_s']:.2f} s -> {med['held']['trainer_gc_s']:.2f} s, the worker "
-          f"{med['plain']['worker_gc_s']:.2f} s -> {med['held']['worker_gc_s']:.2f} s")
+    print(f"a tiny {args.steps}-step run, median of {args.repeats}: " + ", ".join(
+        f"{arm} {med[arm]['cpu_s']:.2f} CPU-s ({med[arm]['wall_s']:.1f} s wall)" for arm in arms) + "; " + ", ".join(
+        f"{arm}/{arms[0]} {r['median']:.3f} (per-repeat {r['min']:.3f}..{r['max']:.3f})" for arm, r in ratios.items())
+        + "; in the collector, trainer/worker: " + ", ".join(
+        f"{arm} {med[arm]['trainer_gc_s']:.2f}/{med[arm]['worker_gc_s']:.2f} s" for arm in arms))
     if args.out:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
