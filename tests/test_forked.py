@@ -1,9 +1,9 @@
 """A run's rollout workers are forked from a server that `a3po train` forks after its imports (launch/forked.py).
 
 Proves: on this machine (Linux, CPU torch) a worker's parent is that server and the server's parent is the
-trainer, a worker starts with torch already imported and SIGTERM back at its default, and nothing of it
-outlives the run; where a fork is not safe (a second thread running) the server is not made and processes
-are spawned as before.
+trainer, a worker starts with torch already imported, SIGTERM back at its default and generators of its own,
+and nothing of it outlives the run; where a fork is not safe (a second thread running) the server is not made
+and processes are spawned as before.
 """
 
 import subprocess
@@ -44,7 +44,9 @@ from a3po import child  # stdlib only: a spawned child imports no torch through 
 def probe(answers):
     imported = "torch" in sys.modules
     child.take_signals()
-    answers.put((imported, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL))
+    import numpy, torch
+    draws = (int(numpy.random.randint(2**31)), float(torch.rand(1)))
+    answers.put((imported, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, draws))
 
 if __name__ == "__main__":
     import torch  # noqa: F401  (what a fork from the server saves its children importing)
@@ -56,16 +58,20 @@ if __name__ == "__main__":
     made = forked.start()
     ctx = forked.context()
     answers = ctx.Queue()
-    p = ctx.Process(target=probe, args=(answers,))
-    p.start()
-    print(made, ctx.get_start_method(), *answers.get(timeout=120))
-    p.join(60)
-    sys.exit(p.exitcode)
+    procs = [ctx.Process(target=probe, args=(answers,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    (imported, default, draws), (_, _, other) = answers.get(timeout=120), answers.get(timeout=120)
+    # two children's unseeded numpy and torch draws differ, as two spawned processes' do
+    print(made, ctx.get_start_method(), imported, default, draws[0] != other[0] and draws[1] != other[1])
+    for p in procs:
+        p.join(60)
+    sys.exit(max(p.exitcode for p in procs))
 """
 
 
-@pytest.mark.parametrize("thread, expected", [("none", "True forkserver True True"),
-                                              ("thread", "False spawn False True")])
+@pytest.mark.parametrize("thread, expected", [("none", "True forkserver True True True"),
+                                              ("thread", "False spawn False True True")])
 def test_the_server_is_made_only_where_a_fork_is_safe(tmp_path, thread, expected):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)

@@ -41,6 +41,8 @@ def start() -> bool:
         try:
             forkserver.ensure_running()
             _started = True
+        except OSError:  # no Unix socket or pipe to be had: spawned, then, as before
+            pass
         finally:
             util.spawnv_passfds = spawn
     return _started
@@ -72,6 +74,7 @@ def _fork_instead(path: str, args: list[str], passfds) -> int:
             os.closerange(low + 1, high)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.register_at_fork(after_in_child=_seed_afresh)
         from a3po.child import name_process
 
         name_process(NAME)
@@ -81,3 +84,12 @@ def _fork_instead(path: str, args: list[str], passfds) -> int:
         status = 0
     finally:
         os._exit(status)
+
+
+def _seed_afresh() -> None:
+    """As in a spawned process, the global generators of numpy and torch start from fresh entropy in each forked child,
+    not from a state they would all share (Python's `random` reseeds itself after a fork). a3po seeds what it draws;
+    this is for the user's code in a worker."""
+    for name, reseed in (("numpy", lambda m: m.random.seed()), ("torch", lambda m: m.seed())):
+        if name in sys.modules:
+            reseed(sys.modules[name])
