@@ -845,7 +845,8 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
     ("38b3344", "The clean clone after the four-minibatch screen"),
     ("183cc96", "The clean clone on an AVX2-only CPU ("),
     ("08b5356", "The clean clone on an AVX2-only CPU, with less"),
-    ("6d4ac0e", "Start-up with the collector held back")])
+    ("6d4ac0e", "Start-up with the collector held back"),
+    ("3477e86", "Rollout workers forked after the trainer's imports")])
 def test_the_clean_clone_s_times_are_its_record(record, heading):
     """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
     rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
@@ -942,3 +943,29 @@ def test_the_start_up_figures_are_the_tools_record():
     held, ratio = tried["median"]["held"], tried["cpu_ratio_held_to_plain"]
     assert (f"the collecting went back to {held['trainer_gc_s']:.2f} s (trainer) and {held['worker_gc_s']:.2f} s "
             f"(worker), {ratio['median']:.3f} of the CPU time") in text
+
+
+def test_the_forked_start_up_figures_are_the_tools_record():
+    """The forked-workers section quotes tools/startup_cost.py's record (three arms, forked/held computed per repeat
+    from it) and the two warm suite runs' record."""
+    rec = json.loads((RESULTS / "startup-forked" / "3477e86.json").read_text())
+    assert rec["commit"].startswith("3477e86") and rec["arms"] == ["plain", "held", "forked"]
+    assert len(rec["repeats"]) == 6 and not rec["machine"]["avx512_bf16"]
+    med = rec["median"]
+    ratios = [r["forked"]["cpu_s"] / r["held"]["cpu_s"] for r in rec["repeats"]]
+    assert max(ratios) < 1, "a repeat where forking saved nothing"
+    text = normal(section("Rollout workers forked after the trainer's imports"))
+    quoted = (f"{med['plain']['cpu_s']:.2f} CPU-s with neither measure, {med['held']['cpu_s']:.2f} CPU-s with the "
+              f"collector held back and the workers spawned, {med['forked']['cpu_s']:.2f} CPU-s with both (medians): "
+              f"forked/held {statistics.median(ratios):.3f} of the CPU time (per-repeat {min(ratios):.3f} to "
+              f"{max(ratios):.3f}), {med['forked']['wall_s']:.1f} s of wall time against {med['held']['wall_s']:.1f} s")
+    assert quoted in text, quoted
+    warm = json.loads((RESULTS / "startup-forked" / "suite-warm.json").read_text())
+    before, after = warm["before"], warm["after"]
+    assert (f"{before['passed']:,} passed in {before['wall_s']:.0f} s at {before['commit']}, {after['passed']:,} "
+            f"passed in {after['wall_s']:.0f} s at {after['commit']}") in text
+    there = warm["previous_session"]
+    assert (f"the warm suite took {before['wall_s']:.0f} s here at {before['commit']}, and {there['wall_s']:.0f} s "
+            f"there at {there['commit']} with {there['passed']:,} passed") in text
+    clone = json.loads((RESULTS / "clean-clone" / "3477e86.json").read_text())["ci"]
+    assert f"CPU {clone['cpu_s']:,} s" in text and clone["wall_s"] < 20 * 60
