@@ -28,7 +28,7 @@ class SharedBuffers:
     """Both buffers, and which one holds the version published last: what a worker is started with.
 
     Each buffer is one flat shared-memory tensor; the weights are views into it, made on the side that reads
-    them. So handing a worker both buffers passes two file descriptors, not one per tensor (SmolLM2 has 272
+    them. So handing a worker both buffers passes two file descriptors, not one per tensor (SmolLM2 publishes 273
     tensors; a fork server passes at most 252 descriptors to a child, launch/forked.py)."""
 
     flats: tuple[Tensor, Tensor]
