@@ -846,7 +846,8 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
     ("183cc96", "The clean clone on an AVX2-only CPU ("),
     ("08b5356", "The clean clone on an AVX2-only CPU, with less"),
     ("6d4ac0e", "Start-up with the collector held back"),
-    ("3477e86", "Rollout workers forked after the trainer's imports")])
+    ("3477e86", "Rollout workers forked after the trainer's imports"),
+    ("bc79baf", "Rollout workers forked after the trainer's imports")])
 def test_the_clean_clone_s_times_are_its_record(record, heading):
     """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
     rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
@@ -967,5 +968,7 @@ def test_the_forked_start_up_figures_are_the_tools_record():
     there = warm["previous_session"]
     assert (f"the warm suite took {before['wall_s']:.0f} s here at {before['commit']}, and {there['wall_s']:.0f} s "
             f"there at {there['commit']} with {there['passed']:,} passed") in text
-    clone = json.loads((RESULTS / "clean-clone" / "3477e86.json").read_text())["ci"]
-    assert f"CPU {clone['cpu_s']:,} s" in text and clone["wall_s"] < 20 * 60
+    for record in ("3477e86", "bc79baf"):  # one clone inside 20 minutes and one outside, as the section says
+        clone = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())["ci"]
+        assert f"CPU {clone['cpu_s']:,} s" in text
+        assert (clone["wall_s"] < 20 * 60) == (record == "3477e86")
