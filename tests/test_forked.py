@@ -37,6 +37,23 @@ def test_a_runs_workers_are_forked_from_a_server_the_trainer_made_and_end_with_t
     assert gone_within([worker, server], EXIT_S) is not None, "the worker or the server outlived the run"
 
 
+def test_a_trainer_killed_outright_leaves_no_socket_folder(launch, tmp_path, monkeypatch):
+    """The server's socket is in a temporary folder the trainer removes as it exits; killed with SIGKILL it cannot,
+    and the server removes it once the run's last process is gone."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the run's temporary folders, apart from other tests' runs
+    run = launch(*TINY, "total_train_steps=400", "evaluator.freq_steps=0", "saver.freq_steps=0")
+    run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 2, "two steps")
+    (worker,) = rollout_workers(run)
+    server = ppid(worker)
+    assert [p.name for p in tmp.glob("pymp-*/listener-*")], "no server socket while the run goes on"
+    run.proc.kill()
+    run.proc.wait(timeout=10)
+    assert gone_within([worker, server], EXIT_S) is not None, "the worker or the server outlived the trainer"
+    assert not list(tmp.glob("pymp-*")), "the killed run left its socket folder"
+
+
 PROBE = """
 import signal, sys, threading
 from a3po import child  # stdlib only: a spawned child imports no torch through this file

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -83,7 +84,17 @@ def _fork_instead(path: str, args: list[str], passfds) -> int:
     except SystemExit:  # how the server ends: no client left
         status = 0
     finally:
+        _remove_socket_folder()
         os._exit(status)
+
+
+def _remove_socket_folder() -> None:
+    """The server's socket is in a temporary folder of the trainer's (multiprocessing's pymp-*), which the trainer
+    removes as it exits; a trainer killed outright cannot, and the server, which ends once the trainer and every
+    worker are gone, removes it then."""
+    address = forkserver._forkserver._forkserver_address
+    if isinstance(address, str) and os.path.basename(os.path.dirname(address)).startswith("pymp-"):
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
 
 
 def _seed_afresh() -> None:
