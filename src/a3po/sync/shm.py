@@ -78,7 +78,7 @@ class SharedWeights:
         for name, value in state.items():
             self.buffers[spare][name].copy_(value)
         self.current = spare
-        return sum(t.nbytes for t in self.buffers[spare].values())
+        return self._given.flats[spare].nbytes  # the whole buffer: every weight was written
 
     def at_start(self) -> SharedBuffers:
         return SharedBuffers(self._given.flats, self._given.shapes, self.current)
