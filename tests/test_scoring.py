@@ -4,6 +4,7 @@ and the caller never blocks. The reward functions live in a module written to tm
 are named `module:function`, as a user's are."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from procs import TINY, a3po, children_of, gone_within
 
 from a3po.config.schema import DatasetConfig
-from a3po.data import Example, RewardProcess, TaskData, build_reward, load_task
+from a3po.data import Example, RewardProcess, TaskData, build_reward, load_task, scoring
 
 REWARDS = '''
 import math, os, re, time
@@ -122,6 +123,43 @@ def test_a_child_that_dies_is_replaced(reward_of):
     r = reward_of("dies")
     assert score_all(r, [("die", EX), ("fine", EX)]) == [(0.0, "reward process exited with status 3"), (1.0, None)]
     assert r.restarts == 1
+
+
+SLOW_TO_IMPORT = '''
+import os, time
+if os.getpid() != {caller}:  # in the scoring child only (the caller imports it too, to check the reward)
+    time.sleep({delay})  # a reward module that imports a heavy library
+def one(completion, example):
+    return 1.0
+'''
+
+
+def slow_reward(tmp_path, monkeypatch, name: str, delay: float, timeout_s: float) -> RewardProcess:
+    (tmp_path / f"{name}.py").write_text(SLOW_TO_IMPORT.format(caller=os.getpid(), delay=delay))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = build_reward(DatasetConfig(reward=f"{name}:one"), TaskData("chain_sum", [], []))
+    return RewardProcess(fn, timeout_s)
+
+
+def test_a_child_s_start_up_is_not_its_first_call_s_time(tmp_path, monkeypatch):
+    """A reward module that takes longer to import than a call may run: every call is answered, none timed
+    out (with the start-up charged to the first call, each new child's first call timed out, forever)."""
+    r = slow_reward(tmp_path, monkeypatch, "slow_import", delay=1.5, timeout_s=0.5)
+    try:
+        assert score_all(r, [("x", EX)] * 3) == [(1.0, None)] * 3
+        assert r.restarts == 0
+    finally:
+        r.close()
+
+
+def test_a_child_that_never_gets_ready_fails_its_call_at_the_start_up_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(scoring, "START_GRACE_S", 1.0)
+    r = slow_reward(tmp_path, monkeypatch, "hangs_on_import", delay=3600, timeout_s=0.5)
+    try:
+        assert score_all(r, [("x", EX)]) == [(0.0, "reward process not ready within 1s of its start")]
+        assert r.restarts == 1
+    finally:
+        r.close()
 
 
 def test_a_built_reward_scores_in_the_child():

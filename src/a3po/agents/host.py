@@ -36,11 +36,10 @@ from collections.abc import Hashable
 from typing import Any
 
 from a3po import signals
-from a3po.data.scoring import checked, child_pipes, read_frame, write_frame
+from a3po.data.scoring import START_GRACE_S, checked, child_pipes, read_answers, read_frame, write_frame
 
 CHILD = "from a3po.agents.host import _serve; _serve()"
 CANCEL_GRACE_S = 2.0  # a cancelled agent's loop must answer within this, else the child is replaced
-START_GRACE_S = 60.0  # a child's start-up (Python, openai, the agent's module) before an agent's deadline runs
 API_KEY = "a3po"  # the worker's endpoint checks none; the client insists on one
 CANCELLED, STARTED = "cancelled", "started"
 
@@ -134,7 +133,7 @@ class AgentProcess:
                                           stdout=subprocess.PIPE, bufsize=0, env=env)
         write_frame(self._proc.stdin, self._blob, raw=True)
         self._gen += 1
-        threading.Thread(target=_read_answers, args=(self._proc.stdout, self._answers, self._gen),
+        threading.Thread(target=read_answers, args=(self._proc.stdout, self._answers, self._gen),
                          name="a3po-agent-reader", daemon=True).start()
 
     def _stop_child(self) -> None:
@@ -147,11 +146,6 @@ class AgentProcess:
     def __del__(self):
         if getattr(self, "_proc", None) is not None:
             self._proc.kill()
-
-
-def _read_answers(stream, answers: queue.Queue, gen: int) -> None:
-    while (frame := read_frame(stream)) is not None:
-        answers.put((gen, pickle.loads(frame)))
 
 
 # -- the child ---------------------------------------------------------------------------

@@ -200,6 +200,10 @@ class MathVerifyReward:
     the scoring process (data/scoring.py) bounds the time instead.
     """
 
+    @staticmethod
+    def warm_up() -> None:
+        import math_verify  # noqa: F401 - sympy and its parsers: seconds, which are not a call's
+
     def __call__(self, completion: str, example: Example) -> float:
         import math_verify
         gold = _parse_gold(example.answer)
@@ -259,6 +263,9 @@ class Imported:
 
     def __call__(self, *args):
         return self.resolve()(*args)
+
+    def warm_up(self) -> None:
+        self.resolve()
 
     def __getstate__(self) -> dict:
         return {"spec": self.spec, "search_dir": self.search_dir}

@@ -8,7 +8,9 @@ calls one at a time over a pipe; `RewardProcess` is one whose handler scores com
 worker submits a finished group's completions and keeps decoding, collecting answers with
 `poll()` between decode steps. A call that runs past `timeout_s` scores 0, and the child is
 killed and started afresh for the calls behind it; so a hung reward costs its timeout once,
-not the worker. A child that dies (os._exit, a crash) is replaced the same way.
+not the worker. A child that dies (os._exit, a crash) is replaced the same way. A fresh child's
+start-up (Python, then the handler's module: a reward may import a heavy library) is not the
+first call's time: the child says when it is ready, and start-up has a deadline of its own.
 
 Every failure is an answer, never an exception: (None, reason) (a reward: (0.0, reason)),
 counted by the caller.
@@ -20,6 +22,7 @@ which its parent handles.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import pickle
@@ -38,6 +41,8 @@ from a3po import child, signals
 # not `-m a3po.data.scoring`: the package imports this module first, and runpy warns about that
 CHILD = "from a3po.data.scoring import _serve; _serve()"
 HEADER = struct.Struct("<I")  # length prefix of each pickled frame
+START_GRACE_S = 60.0  # a child's start-up (Python, the handler's module) before its first call's timeout runs
+READY = 0  # the call id of the frame a child sends once its handler is loaded (calls count from 1)
 Answer = tuple[Any, Any, "str | None"]  # (key, value, failure reason or None); value is FAILED on a failure
 
 
@@ -50,7 +55,8 @@ class _Call:
 
 class CallProcess:
     """Calls `handler(*args) -> (value, failure or None)` in a child process, in order, each bounded by
-    `timeout_s` from when the child starts it. An exception in the handler is the failure "Type: message".
+    `timeout_s` from when the child starts it. An exception in the handler is the failure "Type: message";
+    a child not ready within START_GRACE_S fails the call it was to start with.
 
     Calls are written to the child ahead of its answers (up to AHEAD_BYTES of them), so a poll
     collects every answer that is ready rather than one per round trip; the call the child
@@ -68,7 +74,10 @@ class CallProcess:
         self._waiting: deque[_Call] = deque()  # not yet written to the child
         self._sent: deque[tuple[int, _Call]] = deque()  # written, unanswered, in order: the first is running
         self._sent_bytes = 0
-        self._head_since = 0.0  # when the child started the first of _sent
+        self._head_since = 0.0  # when the child started the first of _sent (once it is ready)
+        self._started_at = 0.0  # when the child was started
+        self._ready = False  # the child has loaded its handler
+        self._gen = 0  # which child an answer came from: a killed child's answers are dropped
         self._call_id = 0
         self._answers: queue.Queue = queue.Queue()
         self._proc: subprocess.Popen | None = None
@@ -110,12 +119,19 @@ class CallProcess:
         deadline = time.monotonic() + block_s
         while True:
             try:
-                call_id, value, failure = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                gen, (call_id, value, failure) = self._answers.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            if self._sent and call_id == self._sent[0][0]:  # else an answer from a killed child: stale
+            if gen != self._gen:
+                continue  # from a killed child: stale
+            if call_id == READY:  # the child starts the first of _sent now
+                self._ready, self._head_since = True, time.monotonic()
+            elif self._sent and call_id == self._sent[0][0]:
                 return self._answered((self._sent[0][1].key, self.FAILED if failure else value, failure))
-        if time.monotonic() - self._head_since > self.timeout_s:
+        now = time.monotonic()
+        if not self._ready and now - self._started_at > START_GRACE_S:
+            return self._replace_child(f"{self.what} process not ready within {START_GRACE_S:g}s of its start")
+        if self._ready and now - self._head_since > self.timeout_s:
             return self._replace_child(f"timeout after {self.timeout_s:g}s")
         if self._proc is not None and self._proc.poll() is not None and self._answers.empty():
             return self._replace_child(f"{self.what} process exited with status {self._proc.returncode}")
@@ -170,9 +186,10 @@ class CallProcess:
             self._proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, bufsize=0, env=env)
         write_frame(self._proc.stdin, self._fn_blob, raw=True)
-        answers = self._answers
-        threading.Thread(target=_read_answers, args=(self._proc.stdout, answers), name=f"a3po-{self.what}-reader",
-                         daemon=True).start()
+        self._gen += 1
+        self._started_at, self._ready = time.monotonic(), False
+        threading.Thread(target=read_answers, args=(self._proc.stdout, self._answers, self._gen),
+                         name=f"a3po-{self.what}-reader", daemon=True).start()
 
     def _stop_child(self, kill: bool) -> None:
         proc, self._proc = self._proc, None
@@ -211,10 +228,24 @@ class ScoreCall:
     def __call__(self, completion: str, example: Any) -> tuple[float, str | None]:
         return checked(self.fn(completion, example))
 
+    def warm_up(self) -> None:
+        warm_up(self.fn)
 
-def _read_answers(stream: BinaryIO, answers: queue.Queue) -> None:
+
+def warm_up(obj: Any) -> None:
+    """Load what calls of `obj` need (a user's module, a library imported on first use) where `obj` says how,
+    with a `warm_up()` that takes no argument; a functools.partial warms up its function and arguments."""
+    if isinstance(obj, functools.partial):
+        for part in (obj.func, *obj.args, *obj.keywords.values()):
+            warm_up(part)
+    elif callable(hook := getattr(obj, "warm_up", None)):
+        hook()
+
+
+def read_answers(stream: BinaryIO, answers: queue.Queue, gen: int) -> None:
+    """A reader thread's loop: each frame from a child as (gen, the unpickled frame), until end of file."""
     while (frame := read_frame(stream)) is not None:
-        answers.put(pickle.loads(frame))
+        answers.put((gen, pickle.loads(frame)))
 
 
 def write_frame(stream: BinaryIO, obj: Any, raw: bool = False) -> None:
@@ -269,6 +300,11 @@ def _serve() -> None:
     if (first := read_frame(requests)) is None:
         return  # the parent closed the pipe before it sent the handler (stopped during start-up): nothing to serve
     handler = pickle.loads(first)
+    try:
+        warm_up(handler)
+    except BaseException:  # noqa: S110 - the calls meet the same error and answer with it, one by one
+        pass
+    write_frame(answers, (READY, None, None))
     while (frame := read_frame(requests)) is not None:
         (call_id,), args = HEADER.unpack(frame[:HEADER.size]), pickle.loads(frame[HEADER.size:])
         try:

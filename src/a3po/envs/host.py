@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from a3po.data.scoring import warm_up
 from a3po.envs.base import checked_prompt, checked_step
 
 RESET, STEP, CLOSE = "reset", "step", "close"
@@ -21,6 +22,9 @@ class EnvHost:
     def __init__(self, factory: Callable[[Any], Any]):
         self.factory = factory
         self.envs: dict[Hashable, Any] = {}
+
+    def warm_up(self) -> None:
+        warm_up(self.factory)
 
     def __call__(self, op: str, eid: Hashable, example: Any = None, actions: tuple[str, ...] = ()):
         if op == RESET:

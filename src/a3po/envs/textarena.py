@@ -73,6 +73,10 @@ class TextArenaEnv:
     stop = ()
     discount = 1.0  # the reward comes once, at the end
 
+    @staticmethod
+    def warm_up() -> None:
+        import textarena  # noqa: F401 - loaded before the environment process says it is ready
+
     def __init__(self, example, game_id: str):
         self.game = make_game(game_id)
         self.seed = game_seed(example)
