@@ -47,11 +47,12 @@ def without(module: str, folder: Path) -> dict[str, str]:
 class Run:
     """A `python -m a3po.cli train` in a session of its own, stderr in a file we can read while it runs."""
 
-    def __init__(self, args, cwd: Path):
+    def __init__(self, args, cwd: Path, env: dict[str, str] | None = None):
+        """env: variables set on top of this process's environment, as in `a3po`."""
         self.cwd = cwd
         self.err_path = cwd / "stderr.txt"
         with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([*CLI, "train", *args], cwd=cwd,
+            self.proc = subprocess.Popen([*CLI, "train", *args], cwd=cwd, env={**os.environ, **env} if env else None,
                                          stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         self.sid = self.proc.pid
 

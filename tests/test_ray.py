@@ -196,67 +196,56 @@ def test_actors_spread_over_three_nodes_get_the_weights_from_another_nodes_store
         assert max(r["stale/max"] for r in rows if r["step"] > 0) == 2
         # three CPUs in all, but no node holds a worker of two threads: refused in one line after cluster.timeout_s
         run = Run(on_ray(f"127.0.0.1:{port}", "rollout.n_workers=1", "rollout.torch_threads=2",
-                         "cluster.timeout_s=10"), tmp_path)
+                         "cluster.timeout_s=3"), tmp_path)
         assert run.finish(timeout=300) == 2, run.err[-3000:]
         line = assert_one_clean_line(run.err, "a3po: error: cluster.launcher=ray: the Ray cluster at")
-        assert "could not place 2 actors" in line and "within 10s (cluster.timeout_s)" in line
+        assert "could not place 2 actors" in line and "within 3s (cluster.timeout_s)" in line
     finally:
         stop_nodes(nodes)
 
 
-def test_agents_run_beside_worker_actors(ray_head, tmp_path):
-    """Each worker actor serves its agents on its own node's loopback and runs them in its own agent process."""
-    res = a3po("train", *on_ray(ray_head, "total_train_steps=2", "evaluator.freq_steps=0", "saver.freq_steps=0",
-                                "cluster.n_trainer_ranks=1", "train_dataset.agent=scripted_agents:two_turns"),
-               cwd=tmp_path, env={"PYTHONPATH": str(Path(__file__).parent)}, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    rows = [r for r in metrics(tmp_path / "runs" / "tiny") if r["step"] > 0]
-    assert len(rows) == 2 and all(r["episode/turns_mean"] == 2 and r["rollout/reward_failures"] == 0 for r in rows)
-
-
-def test_a_killed_worker_actor_is_replaced_and_no_step_is_lost(ray_head, tmp_path):
-    steps = 40
-    run = Run(on_ray(ray_head, f"total_train_steps={steps}", "evaluator.freq_steps=0", "saver.freq_steps=0",
-                     "cluster.n_trainer_ranks=1"), tmp_path)
+def test_agents_run_beside_worker_actors_which_end_with_a_killed_trainer(ray_head, tmp_path):
+    """Each worker actor serves its agents on its own node's loopback and runs them in its own agent process; a
+    trainer killed with SIGKILL takes its actors (the second trainer rank and both workers) with it."""
+    run = Run(on_ray(ray_head, "total_train_steps=10000", "evaluator.freq_steps=0",
+                     "train_dataset.agent=scripted_agents:two_turns"),
+              tmp_path, env={"PYTHONPATH": str(Path(__file__).parent)})
     try:
         run_dir = tmp_path / "runs" / "tiny"
-        run.wait_for(lambda: steps_logged(run_dir) >= 3, "three steps", timeout=300)
-        workers = actor_pids("RolloutWorker")
-        assert len(workers) == 2
-        os.kill(workers[0], signal.SIGKILL)
-        assert run.finish(timeout=600) == 0, run.err[-3000:]
-        assert "Traceback" not in run.err, run.err[-3000:]
-        (line,) = lines_with(run.err, "replaced (restart 1 of")
-        assert line.startswith("a3po: rollout worker a3po-rollout-") and "died (killed by SIGKILL" in line, line
+        run.wait_for(lambda: steps_logged(run_dir) >= 3, "three logged steps", timeout=300)
         rows = [r for r in metrics(run_dir) if r["step"] > 0]
-        assert [r["step"] for r in rows] == list(range(1, steps + 1)), "a step lost or done twice"
-        assert rows[-1]["rollout/worker_restarts"] == 1
-        assert max(r["stale/max"] for r in rows) <= 2
-    finally:
-        run.kill_all()
-    assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the run"
-
-
-def test_the_actors_end_with_a_killed_trainer(ray_head, tmp_path):
-    run = Run(on_ray(ray_head, "total_train_steps=10000", "evaluator.freq_steps=0"), tmp_path)
-    try:
-        run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 2, "two steps", timeout=300)
-        assert len(actor_pids()) == 3  # the second trainer rank and two rollout workers
+        assert rows and all(r["episode/turns_mean"] == 2 and r["rollout/reward_failures"] == 0 for r in rows)
+        assert len(actor_pids()) == 3
         os.kill(run.proc.pid, signal.SIGKILL)
         assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived its trainer"
     finally:
         run.kill_all()
 
 
-def test_sigterm_stops_a_ray_run_in_one_line_with_its_actors(ray_head, tmp_path):
-    """ray.init replaces the SIGTERM handler with one that exits on the spot; a3po's must be back."""
+def test_a_killed_worker_actor_is_replaced_and_sigterm_stops_the_run_in_one_line(ray_head, tmp_path):
+    """A worker actor killed with SIGKILL is replaced like a killed worker process, no step lost or done twice;
+    then SIGTERM stops the run in one line with its actors (ray.init replaces the SIGTERM handler with one that
+    exits on the spot; a3po's must be back)."""
     run = Run(on_ray(ray_head, "total_train_steps=10000", "evaluator.freq_steps=0", "saver.freq_steps=2"), tmp_path)
     try:
-        run.wait_for(lambda: steps_logged(tmp_path / "runs" / "tiny") >= 3, "three steps", timeout=300)
+        run_dir = tmp_path / "runs" / "tiny"
+        run.wait_for(lambda: steps_logged(run_dir) >= 3, "three steps", timeout=300)
+        workers = actor_pids("RolloutWorker")
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        run.wait_for_text("replaced (restart 1 of", timeout=300)
+        replaced_at = steps_logged(run_dir)
+        run.wait_for(lambda: steps_logged(run_dir) >= replaced_at + 3, "three steps after the replacement", 300)
         os.kill(run.proc.pid, signal.SIGTERM)
         assert run.finish() == 143, run.err[-3000:]
+        (line,) = lines_with(run.err, "replaced (restart 1 of")
+        assert line.startswith("a3po: rollout worker a3po-rollout-") and "died (killed by SIGKILL" in line, line
         line = assert_one_clean_line(run.err, "a3po: interrupted by SIGTERM at step")
         assert "rollout workers stopped" in line and "continue with: a3po train --resume runs/tiny" in line
+        rows = [r for r in metrics(run_dir) if r["step"] > 0]
+        assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)), "a step lost or done twice"
+        assert rows[-1]["rollout/worker_restarts"] == 1
+        assert max(r["stale/max"] for r in rows) <= 2
         assert gone_within(actor_pids(), ACTOR_EXIT_S) is not None, "an actor outlived the stopped run"
     finally:
         run.kill_all()
