@@ -18,11 +18,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_vllm_workers_run_as_ray_actors_and_train_episodes(tmp_path):
-    """The choices together: vLLM engines inside rollout workers that are Ray actors (on a Ray instance
-    the run starts for itself), weights from the object store into vLLM's reload, multi-turn episodes."""
+    """The choices together: a vLLM engine inside a rollout worker that is a Ray actor (on a Ray instance the
+    run starts for itself), weights from the object store into vLLM's reload, multi-turn episodes. One worker:
+    tests/test_ray.py has two, and a second vLLM engine on these two cores doubled the test's time."""
 
     env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-    res = a3po("train", *RUN, "total_train_steps=4", "cluster.launcher=ray", "rollout.n_workers=2",
+    res = a3po("train", *RUN, "total_train_steps=4", "cluster.launcher=ray", "rollout.n_workers=1",
                "train_dataset.env=retry", "train_dataset.max_turns=3", cwd=tmp_path, env=env, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Ray actors on a Ray instance started for this run" in res.stderr
