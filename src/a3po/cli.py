@@ -301,12 +301,15 @@ def _main(argv: list[str] | None) -> int:
             return ended(e, exits.INPUTS)
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
         # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
+        forks = cfg.cluster.launcher == Launcher.LOCAL  # its workers and ranks are forked from this process
         with signals.deferred(), startup.collector_held():
             from a3po.pipeline.run import train
-            from a3po.rollout.worker import worker_imports
 
-            worker_imports()
-        if cfg.cluster.launcher == Launcher.LOCAL:
+            if forks:  # so they start with their own imports done too
+                from a3po.rollout.worker import worker_imports
+
+                worker_imports()
+        if forks:
             from a3po.launch import forked
 
             forked.start()  # before torch runs anything: the workers and ranks are forked from it, imports done
