@@ -848,7 +848,8 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
     ("6d4ac0e", "Start-up with the collector held back"),
     ("3477e86", "Rollout workers forked after the trainer's imports"),
     ("bc79baf", "Rollout workers forked after the trainer's imports"),
-    ("89d710c", "Fewer Ray and vLLM engine starts")])
+    ("89d710c", "Fewer Ray and vLLM engine starts"),
+    ("7993259", "Fewer Ray and vLLM engine starts")])
 def test_the_clean_clone_s_times_are_its_record(record, heading):
     """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
     rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
