@@ -1,7 +1,7 @@
 """README.md's "Your own data and reward" runs as written: its code blocks are read from the README itself (the
 command that writes sums.jsonl, a line of it, my_reward.py and the `a3po train` command), written to a fresh folder
 and run there with the real `a3po`. On the tiny model it runs to its end; on the built-in SmolLM2, which the
-example trains without naming a model, its reward rises within a short run.
+example trains without naming a model, its answers fit their budget and earn a reward from the first step.
 """
 
 import json
@@ -99,19 +99,16 @@ def test_the_example_runs_as_written_on_the_tiny_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_example_learns_on_the_built_in_model(tmp_path):
-    """The example as written (SmolLM2, no model named), 3 steps, repeatable: rollout.lockstep and the default
-    seed. Before its fix (gconfig.max_new_tokens 24, no system prompt, two-digit sums) almost every completion
-    was cut and the reward was 0 on every step (docs/results.md, "The newcomer's example")."""
+def test_the_example_earns_its_reward_within_its_budget_on_the_built_in_model(tmp_path):
+    """The example as written (SmolLM2, no model named), one repeatable step (rollout.lockstep, the default seed):
+    its answers end within gconfig.max_new_tokens and some are right, so its reward carries a signal from the first
+    step. Before its fix (gconfig.max_new_tokens 24, no system prompt, two-digit sums) almost every completion was
+    cut and the reward was 0 on every step. That it learns is a longer run's question: docs/results.md, "The
+    newcomer's example", quotes one (a step or two of a lockstep run at eta 2 are sampled by the initial weights)."""
     args = set_up(tmp_path)
-    res = a3po("train", *args, "total_train_steps=3", "rollout.lockstep=true", "seed=1", "evaluator.freq_steps=0",
+    res = a3po("train", *args, "total_train_steps=1", "rollout.lockstep=true", "seed=1", "evaluator.freq_steps=0",
                "evaluator.initial=false", "logging.tensorboard=false", cwd=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    steps = train_steps(tmp_path / "runs" / "a3po")
-    assert len(steps) == 3
-    mean = lambda key, rows: sum(r[key] for r in rows) / len(rows)
-    first, last = steps[:1], steps[-2:]
-    summary = {k: [round(r[k], 3) for r in steps] for k in ("rollout/reward_mean", "rollout/truncated_frac")}
-    assert mean("rollout/reward_mean", last) > mean("rollout/reward_mean", first) > 0, summary
-    assert mean("rollout/truncated_frac", last) < mean("rollout/truncated_frac", first) < 0.5, summary
+    (step,) = train_steps(tmp_path / "runs" / "a3po")
+    assert step["rollout/reward_mean"] > 0 and step["rollout/truncated_frac"] < 0.5, step
     assert "a3po: warning" not in res.stderr  # no step cut most of its answers

@@ -87,6 +87,7 @@ SECTIONS = {
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
 SECTIONS["TextArena's GuessTheNumber on SmolLM2"] = ("textarena-smollm2",)
+SECTIONS["The newcomer's example"] = ("readme-example-smollm2",)
 SECTIONS["Agent frameworks on SmolLM2"] = ("agent-frameworks-smollm2/openai-agents",
                                            "agent-frameworks-smollm2/pydantic-ai")
 QUOTES = {"Part 6:": ("The default run and the staleness study", "The clean clone after multi-turn episodes")}
@@ -388,7 +389,7 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _before_after(c, folder)
         elif folder in ("lora-step", "lora-memory"):
             _step(c, folder)
-        elif folder in ("smollm2-icepop-topp", "textarena-smollm2") or folder.startswith("agent-frameworks-smollm2/"):
+        elif folder in ("smollm2-icepop-topp", "textarena-smollm2", "readme-example-smollm2") or folder.startswith("agent-frameworks-smollm2/"):
             _run(c, folder)
         elif folder == "fidelity-corrections":
             _fidelity(c, folder)
