@@ -16,15 +16,17 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from dp_run import CORRECTIONS, LORA, OVERRIDES, fixed_batch
-from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, gone_within, steps_logged
+from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, children_of, gone_within, proc_stat, steps_logged
 from safetensors.torch import load_file
 
 from a3po.config import load_config
+from a3po.launch import forked
 from a3po.models import load_policy, lora
 from a3po.trainer.checkpoint import STATE_FILE, save_engine
 from a3po.trainer.engine import TrainEngine
@@ -137,15 +139,40 @@ def test_the_other_ranks_end_with_a_killed_rank_0(tmp_path):
 
 
 def test_a3po_train_under_torchrun(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          str(free_port()), "-m", "a3po.cli", "train", "--preset", "tiny", "total_train_steps=3",
-                          "logging.tensorboard=false", "cluster.data_parallel=ddp"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun's log folder, not /tmp's
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "2 ranks, ddp" in res.stderr  # torchrun's WORLD_SIZE, not cluster.n_trainer_ranks (1 here)
-    rows = (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2, 3]
+    """Two ranks of `a3po train` started by torchrun train as one run; only rank 0, which starts the rollout
+    worker, has a fork server (the other rank only follows: one would be a process of imports for nothing)."""
+    steps = 20  # long enough to look at the processes while it runs
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                 "--master-port", str(free_port()), "-m", "a3po.cli", "train", "--preset", "tiny",
+                                 f"total_train_steps={steps}", "logging.tensorboard=false", "saver.freq_steps=0",
+                                 "cluster.data_parallel=ddp"],
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(tmp_path)})  # torchrun's log folder, not /tmp's
+    try:
+        run_dir = tmp_path / "runs" / "tiny"
+        deadline = time.monotonic() + 120
+        while steps_logged(run_dir) < 2:  # the initial evaluation and step 1: both ranks are training
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
+            time.sleep(0.1)
+        family, todo = [], [proc.pid]  # torchrun starts its ranks in sessions of their own
+        while todo:
+            family.append(todo.pop())
+            todo += children_of(family[-1])
+        named = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in family}
+        parent_of = {p: int(proc_stat(p)[1]) for p in family}
+        forkers = {parent_of[p] for p, name in named.items()  # the processes that started a fork server
+                   if name == forked.NAME and named[parent_of[p]] != forked.NAME}
+        ranks = [Path(f"/proc/{p}/environ").read_bytes().split(b"\0") for p in forkers]
+        assert len(ranks) == 1 and b"RANK=0" in ranks[0], {p: (name, parent_of[p]) for p, name in named.items()}
+        assert proc.wait(timeout=300) == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # torchrun stops its ranks, and they their workers
+            proc.wait(timeout=60)
+    assert "2 ranks, ddp" in (tmp_path / "stderr.txt").read_text()  # torchrun's WORLD_SIZE, not n_trainer_ranks
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == list(range(steps + 1))
 
 
 def test_a_killed_rank_stops_the_run_in_one_line(tmp_path):

@@ -301,10 +301,12 @@ def _main(argv: list[str] | None) -> int:
             return ended(e, exits.INPUTS)
         # Importing torch is no place for an exception: raised inside its C++ start-up, one aborted
         # the process (std::terminate) or was dropped. A stop waits until the import is done (seconds).
-        forks = cfg.cluster.launcher == Launcher.LOCAL  # its workers and ranks are forked from this process
         with signals.deferred(), startup.collector_held():
             from a3po.pipeline.run import train
+            from a3po.trainer.ranks import torchrun_rank
 
+            # its workers and ranks are forked from this process; torchrun's other ranks start none, they follow
+            forks = cfg.cluster.launcher == Launcher.LOCAL and torchrun_rank()[0] == 0
             if forks:  # so they start with their own imports done too
                 from a3po.rollout.worker import worker_imports
 
