@@ -82,11 +82,14 @@ SECTIONS = {
        for h in ("Why decoupled PPO fails", "Runs", "Reading")},
     "docs/results/corrections-yardstick/PLAN.md#The off-policy corrections": STUDY,
     "docs/results/equivalence-retry-pilot/PLAN.md#Yardstick": ("evidence-retry-eta8-lockstep",),
+    "docs/results/equivalence-retry-pilot/PLAN.md#Reshaped for cost": ("equivalence-retry-pilot/cost-probe",),
     "docs/results/corrections-yardstick/PLAN.md#Cell 1's outcome": ("evidence-eta8-lockstep", *CORRECTIONS),
 }
 # sections that quote a one-off measurement of another section (one run on a named machine, no record folder)
 SECTIONS["Off-policy corrections on SmolLM2"] = ("smollm2-icepop-topp",)
 SECTIONS["TextArena's GuessTheNumber on SmolLM2"] = ("textarena-smollm2",)
+# folders that hold one `a3po train` run's records (config.yaml, metrics.jsonl, held_out.jsonl)
+ONE_RUN = ("smollm2-icepop-topp", "textarena-smollm2", "readme-example-smollm2", "equivalence-retry-pilot/cost-probe")
 SECTIONS["The newcomer's example"] = ("readme-example-smollm2",)
 SECTIONS["Agent frameworks on SmolLM2"] = ("agent-frameworks-smollm2/openai-agents",
                                            "agent-frameworks-smollm2/pydantic-ai")
@@ -389,7 +392,7 @@ def catalogue(folders: tuple[str, ...]) -> Catalogue:
             _before_after(c, folder)
         elif folder in ("lora-step", "lora-memory"):
             _step(c, folder)
-        elif folder in ("smollm2-icepop-topp", "textarena-smollm2", "readme-example-smollm2") or folder.startswith("agent-frameworks-smollm2/"):
+        elif folder in ONE_RUN or folder.startswith("agent-frameworks-smollm2/"):
             _run(c, folder)
         elif folder == "fidelity-corrections":
             _fidelity(c, folder)
