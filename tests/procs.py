@@ -113,6 +113,20 @@ def children_of(pid: int) -> list[int]:
     return _live_where(1, pid)
 
 
+def descendants(pid: int) -> dict[int, tuple[str, int]]:
+    """Every live process below pid, whatever session it started (torchrun starts its ranks in new ones): its
+    name and its parent."""
+    found, todo = {}, children_of(pid)
+    while todo:
+        child = todo.pop()
+        fields = proc_stat(child)
+        with contextlib.suppress(OSError):
+            if fields:
+                found[child] = ((Path("/proc") / str(child) / "comm").read_text().strip(), int(fields[1]))
+                todo += children_of(child)
+    return found
+
+
 def rollout_workers(run: Run) -> list[int]:
     """The run's rollout worker processes (named a3po-rollout-<i>; trainer ranks are spawned the same way)."""
     def is_worker(pid):

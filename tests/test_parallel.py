@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from dp_run import CORRECTIONS, LORA, OVERRIDES, fixed_batch
-from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, children_of, gone_within, proc_stat, steps_logged
+from procs import ORPHAN_EXIT_S, Run, assert_one_clean_line, descendants, gone_within, steps_logged
 from safetensors.torch import load_file
 
 from a3po.config import load_config
@@ -155,16 +155,11 @@ def test_a3po_train_under_torchrun(tmp_path):
         while steps_logged(run_dir) < 2:  # the initial evaluation and step 1: both ranks are training
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
             time.sleep(0.1)
-        family, todo = [], [proc.pid]  # torchrun starts its ranks in sessions of their own
-        while todo:
-            family.append(todo.pop())
-            todo += children_of(family[-1])
-        named = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in family}
-        parent_of = {p: int(proc_stat(p)[1]) for p in family}
-        forkers = {parent_of[p] for p, name in named.items()  # the processes that started a fork server
-                   if name == forked.NAME and named[parent_of[p]] != forked.NAME}
+        procs = descendants(proc.pid)
+        forkers = {parent for name, parent in procs.values()  # the processes that started a fork server
+                   if name == forked.NAME and procs.get(parent, ("",))[0] != forked.NAME}
         ranks = [Path(f"/proc/{p}/environ").read_bytes().split(b"\0") for p in forkers]
-        assert len(ranks) == 1 and b"RANK=0" in ranks[0], {p: (name, parent_of[p]) for p, name in named.items()}
+        assert len(ranks) == 1 and b"RANK=0" in ranks[0], procs
         assert proc.wait(timeout=300) == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
     finally:
         if proc.poll() is None:
