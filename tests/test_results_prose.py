@@ -978,3 +978,23 @@ def test_the_forked_start_up_figures_are_the_tools_record():
         clone = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())["ci"]
         assert f"CPU {clone['cpu_s']:,} s" in text
         assert (clone["wall_s"] < 20 * 60) == (record == "3477e86")
+
+
+def test_the_retry_pilot_plan_s_times_are_its_records():
+    """The cost probe's evaluation and step times (whole seconds) and the pilot runs' process times (minutes) that
+    PLAN.md quotes are those of the committed records."""
+    plan = (RESULTS / "equivalence-retry-pilot" / "PLAN.md").read_text()
+    rows = [json.loads(x) for x in (RESULTS / "equivalence-retry-pilot" / "cost-probe" / "metrics.jsonl")
+            .read_text().splitlines() if x]
+    evals = [round(r["perf/eval_s"]) for r in rows if "perf/eval_s" in r]
+    steps = [round(r["perf/step_s"]) for r in rows if "perf/step_s" in r]
+    train = [r["perf/train_s"] for r in rows[2:] if "perf/train_s" in r]
+    prox = [r["perf/prox_logp_s"] for r in rows[2:] if "perf/prox_logp_s" in r]
+    text = normal(plan)
+    assert f"took {evals[0]} s and {evals[1]} s" in text
+    assert f"step 1 took {steps[0]} s" in text and f"took {steps[1]}, {steps[2]} and {steps[3]} s" in text
+    assert f"training {int(min(train))}-{round(max(train))} s" in text
+    assert f"extra forward pass {int(min(prox))}-{round(max(prox))} s" in text
+    runs = json.loads((RESULTS / "equivalence-retry-pilot" / "retry-lr1e-5" / "results.json").read_text())["runs"]
+    minutes = {r["arm"]: f"{r['process_wall_s'] / 60:.1f}" for r in runs}
+    assert f"{minutes['recompute']} and {minutes['coupled']} min a process" in text
