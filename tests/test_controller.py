@@ -13,7 +13,8 @@ every assertion is exact. The stall timeout runs on an injected clock the test a
 Proves: with rollout faster than training every token of step v has staleness min(v, eta), the
 bound reached and never passed, and every group the bound allows is generated before the trainer
 publishes the next version (eta = 0: none ahead, synchronous); dynamic filtering refills a slot
-in place; the resume cursor points at the first group not trained on; silent workers stop the
+in place; a checkpoint carries the finished groups not yet trained on, and a resumed controller
+trains them as they were and admits again from the first unfinished slot at its data position; silent workers stop the
 wait exactly when the stall timeout has passed, not before; a lost worker is replaced with the
 published version, never while the trainer writes the weight buffer, and its groups run again in
 their slots, the run ending as a run without the fault ends; with no restart left the trainer's
@@ -37,6 +38,7 @@ from a3po.data.order import DataOrder
 from a3po.data.tasks import Example
 from a3po.launch.local import LocalLauncher
 from a3po.models import load_policy
+from a3po.pipeline import carry
 from a3po.pipeline.controller import Controller
 from a3po.pipeline.pool import Lost, WorkerError, WorkerPool
 from a3po.rollout.runners import Scoring
@@ -322,16 +324,64 @@ def test_dynamic_filtering_refills_the_same_slot():
     assert {s: pool.attempts[s] for s in range(6)} == dict.fromkeys(range(6), 2)
 
 
-def test_resume_cursor_is_the_first_group_not_trained_on():
+def test_a_checkpoint_carries_the_finished_groups_and_a_resume_trains_them_as_they_were(tmp_path):
     pool, ctl, _ = make(2, B=2)
     try:
-        train(ctl, pool, 1)  # slots 0, 1 trained; slots 2..7 admitted ahead
-        assert ctl.resume_cursor() == 2  # slot 2 was the third group admitted: data position 2
-        train_more = ctl.take_batch(1)
-        assert [g.slot for g in train_more.groups] == [2, 3]
-        assert ctl.resume_cursor() == 4
+        ctl.start()
+        pool.settle()  # version 0 admits and finishes slots 0..5 (eta 2: three batches)
+        ctl.take_batch(0)
+        pool.hold()
+        ctl.wait_loaded(0)
+        ctl.publish(1)  # slots 6 and 7 are admitted for version 1 and held: not finished
+        pool.settle()
+        carried = ctl.carried(1)
+        assert [g.slot for g in carried.groups] == [2, 3, 4, 5] and carried.cursors == [2, 3, 4, 5]
+        assert (carried.next_slot, carried.cursor, carried.first_cursor) == (6, 6, 2)
+        sent = {work.slot: work.example for w in pool.workers for work, _ in w.generating}
+        assert sorted(sent) == [6, 7]
     finally:
         ctl.close()
+    # what the checkpoint writes, read back as a resume reads it, into a fresh controller at version 1
+    cfg = ctl.cfg
+    (tmp_path / carry.ROLLOUT_FILE).write_text(carry.dumps(carried, cfg))
+    back = carry.load(tmp_path, 1, cfg)
+    assert [g.trajectories for g in back.groups] == [g.trajectories for g in carried.groups]
+    assert (back.cursors, back.next_slot, back.cursor) == (carried.cursors, 6, 6)
+    pool2 = ScriptedPool(cfg.rollout.n_workers, 2)
+    pool2.hold()
+    ctl2 = Controller(cfg, pool2, ctl.data, DataOrder(len(ctl.data.train), seed=0, cursor=back.cursor), version=1,
+                      debug=True, carried=back)
+    try:
+        ctl2.start()
+        got = [ctl2.take_batch(1), ctl2.take_batch(2)]
+        assert [[g.trajectories for g in c.groups] for c in got] == [[g.trajectories for g in carried.groups[:2]],
+                                                                      [g.trajectories for g in carried.groups[2:]]]
+        pool2.settle()
+        # nothing carried is sampled again; slots 6 and 7 are, at the data positions they had
+        assert {work.slot: work.example for w in pool2.workers for work, _ in w.generating} == sent
+    finally:
+        ctl2.close()
+
+
+@pytest.mark.parametrize("changed, why", [
+    ("train_dataset.batch_size=4", "batch_size 2 -> 4"),
+    ("rollout.max_head_offpolicyness=1", "eta 2 -> 1"),
+    ("gconfig.n_samples=4", "n_samples 2 -> 4"),
+])
+def test_carried_groups_made_under_other_settings_are_not_used(tmp_path, changed, why):
+    cfg = make(2, B=2)[1].cfg
+    group = GroupDone(0, 2, [Trajectory([1], [2], [-0.5], [0])])
+    (tmp_path / carry.ROLLOUT_FILE).write_text(carry.dumps(carry.Carried([group], [2], 3, 3), cfg))
+    assert carry.load(tmp_path, 1, cfg).groups[0].trajectories == group.trajectories
+    other = load_config(None, ["rollout.max_head_offpolicyness=2", "train_dataset.batch_size=2",
+                               "gconfig.n_samples=2", changed])
+    with pytest.raises(ValueError, match=why):
+        carry.load(tmp_path, 1, other)
+    with pytest.raises(ValueError, match="without a gap"):
+        carry.load(tmp_path, 2, cfg)  # a checkpoint at version 2 starts at slot 4
+    (tmp_path / carry.ROLLOUT_FILE).write_text('{"next_slot": 3}\n{"slot": "x"}\n')
+    with pytest.raises(ValueError, match="not a list of finished groups"):
+        carry.load(tmp_path, 1, cfg)
 
 
 def test_silent_workers_stop_the_wait_once_the_stall_timeout_has_passed_not_before():

@@ -34,6 +34,8 @@ from a3po.devices import resolve_device
 from a3po.files import atomic_write_text, unique_dir, writing
 from a3po.launch import make_launcher
 from a3po.models import load_policy
+from a3po.pipeline import carry
+from a3po.pipeline.carry import Carried
 from a3po.pipeline.cores import CoreLender, lends_cores
 from a3po.pipeline.evaluate import Evaluator
 from a3po.pipeline.exits import Progress
@@ -109,7 +111,7 @@ def build_run(cfg: Config, resume: str | None, inputs: RunInputs | None, progres
     engine = ranks.build_engine(cfg, model, device, dp)
     signals.check()  # a stop the loading swallowed takes effect here (signals.check says where one was)
 
-    run_dir, start_step, cursor = _open_run_dir(cfg, resume, engine)
+    run_dir, start_step, cursor, carried = _open_run_dir(cfg, resume, engine)
     progress.run_dir, progress.step = run_dir, start_step
     with writing("config.yaml", run_dir):
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
@@ -132,7 +134,7 @@ def build_run(cfg: Config, resume: str | None, inputs: RunInputs | None, progres
             lender.attach(m)
     trainer = stack.enter_context(contextlib.closing(Trainer(
         cfg, engine, pool, weights, data, DataOrder(len(data.train), cfg.seed, cursor), tok.pad_token_id,
-        log=lambda line: tqdm.write(line, file=sys.stderr), run_dir=run_dir)))  # above the progress bar
+        log=lambda line: tqdm.write(line, file=sys.stderr), run_dir=run_dir, carried=carried)))  # above the bar
     evaluate = stack.enter_context(contextlib.closing(Evaluator(cfg, scoring)))
     log = cfg.logging
     sinks = stack.enter_context(contextlib.closing(Sinks(run_dir, log.tensorboard, log.wandb, log.wandb_project,
@@ -160,11 +162,22 @@ def _data_parallel(cfg: Config, launcher, world: int, by_torchrun: bool, device:
             parallel.close()
 
 
-def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int]:
-    """(run directory, first step, data cursor): a new directory, or the resumed one with its checkpoint loaded."""
+def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int, Carried | None]:
+    """(run directory, first step, data cursor, the finished groups it carried): a new directory, or the resumed
+    one with its checkpoint loaded."""
     if not resume:
-        return new_run_dir(cfg), 0, 0
+        return new_run_dir(cfg), 0, 0, None
     run_dir = Path(resume)
     ckpt, state = resume_checkpoint(run_dir, engine, warn=say)
-    say(f"a3po: resuming {run_dir} from {ckpt.name} (step {state['step']})")
-    return run_dir, state["step"], state["data_cursor"]
+    step = state["step"]
+    try:
+        carried = carry.load(ckpt, engine.version, cfg)
+    except ValueError as e:
+        say(f"a3po: warning: {ckpt.name} keeps no usable finished groups ({e}); the batches after step "
+            f"{step} are sampled again by its weights")
+        carried = None
+    say(f"a3po: resuming {run_dir} from {ckpt.name} (step {step})"
+        f"{f'; {len(carried.groups)} finished prompt groups carried over' if carried and carried.groups else ''}")
+    if carried is None:
+        return run_dir, step, state["data_cursor"], None
+    return run_dir, step, carried.cursor, carried

@@ -43,7 +43,7 @@ over generated schedules of losses, refills and lockstep):
     I1  admission never ran past the bound: next_slot <= (published + eta + 1) * B
     I2  every admitted slot not yet taken by the trainer is in exactly one place: in flight, finished
         (the buffer), or queued for a refill; and it keeps the data position it was first admitted at
-        (so resume_cursor is the first example of a group not trained on)
+        (so the data position of the first slot not finished is where a resume admits it again: carried)
     I3  admission counts as running exactly the groups in flight
     I4  a worker lost and not yet replaced, or replaced and not yet Ready, acknowledges NOT_LOADED, and
         only such a worker does; every other acknowledged version is at most the published one
@@ -65,6 +65,7 @@ from a3po.config import Config
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.pipeline.admission import Admission
+from a3po.pipeline.carry import Carried
 from a3po.pipeline.pool import Lost, WorkerError
 from a3po.rollout.worker import GroupDone, Ready, WeightsLoaded, Work
 
@@ -113,9 +114,10 @@ class Snapshot:
 
 class Controller:
     def __init__(self, cfg: Config, pool, data: TaskData, order: DataOrder, version: int, log=print,
-                 clock=time.monotonic, debug: bool = False):
+                 clock=time.monotonic, debug: bool = False, carried: Carried | None = None):
         """`pool` is a pipeline/pool.py WorkerPool or anything with its interface; `clock` (seconds) times the
-        stall and restart timeouts; `debug` asserts the invariants of the module docstring after every change."""
+        stall and restart timeouts; `debug` asserts the invariants of the module docstring after every change;
+        `carried`: a resumed run's finished groups (`order` then stands at carried.cursor)."""
         self.cfg, self.pool, self.data, self.order, self.log, self.clock = cfg, pool, data, order, log, clock
         self.debug = debug
         self.B = cfg.train_dataset.batch_size
@@ -143,6 +145,11 @@ class Controller:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="a3po-controller", daemon=True)
+        if carried is not None:
+            self.admission.next_slot = carried.next_slot
+            for g, cursor in zip(carried.groups, carried.cursors):
+                self._done[g.slot] = g
+                self._slot_cursor[g.slot] = cursor
 
     # -- the trainer's side -----------------------------------------------------------------
 
@@ -207,10 +214,17 @@ class Controller:
             self._load_s.clear()
             return out
 
-    def resume_cursor(self) -> int:
-        """Data position to restart from: the first example of any group not yet trained on."""
+    def carried(self, version: int) -> Carried:
+        """What a checkpoint at `version` keeps (pipeline/carry.py): the finished groups from slot version x B on,
+        up to the first slot not finished, and the data position that slot was (or will be) admitted at."""
         with self._cond:
-            return min(self._slot_cursor.values(), default=self.order.cursor)
+            slot = version * self.B
+            groups = []
+            while slot in self._done:
+                groups.append(self._done[slot])
+                slot += 1
+            return Carried(groups, [self._slot_cursor[g.slot] for g in groups], slot,
+                           self._slot_cursor.get(slot, self.order.cursor))
 
     def _wait(self, ready, what: str) -> None:
         """Wait on the condition (lock held) until ready(); raise if the controller failed or the

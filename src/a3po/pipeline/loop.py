@@ -31,6 +31,7 @@ from a3po.config.choices import ServiceKind
 from a3po.data import TaskData
 from a3po.data.order import DataOrder
 from a3po.episode_end import EpisodeEnd
+from a3po.pipeline.carry import Carried
 from a3po.pipeline.controller import Controller, Snapshot
 from a3po.pipeline.pool import WorkerPool
 from a3po.trainer.engine import TrainEngine
@@ -98,19 +99,20 @@ class StalenessError(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, engine: TrainEngine, pool: WorkerPool, weights,
-                 data: TaskData, order: DataOrder, pad_id: int, log=print, run_dir: Path | None = None):
+                 data: TaskData, order: DataOrder, pad_id: int, log=print, run_dir: Path | None = None,
+                 carried: Carried | None = None):
         self.cfg, self.engine, self.weights, self.pad_id = cfg, engine, weights, pad_id
         self.run_dir = run_dir  # where saver.record_steps' records go
-        self.controller = Controller(cfg, pool, data, order, engine.version, log=log)
+        self.controller = Controller(cfg, pool, data, order, engine.version, log=log, carried=carried)
         self._started = False
         self._last = None  # controller counters at the end of the previous step
 
     def close(self) -> None:
         self.controller.close()
 
-    def resume_cursor(self) -> int:
-        """Data position to restart from: the first example of any group not yet trained on."""
-        return self.controller.resume_cursor()
+    def carried(self) -> Carried:
+        """What a checkpoint now keeps of rollout (pipeline/carry.py)."""
+        return self.controller.carried(self.engine.version)
 
     # -- the step ---------------------------------------------------------------------------
 

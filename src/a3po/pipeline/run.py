@@ -24,7 +24,7 @@ from tqdm import tqdm
 from a3po import signals, startup
 from a3po.config import Config
 from a3po.files import writing
-from a3po.pipeline import exits
+from a3po.pipeline import carry, exits
 from a3po.pipeline.build import Run, build_run, say
 from a3po.pipeline.evaluate import Evaluation
 from a3po.pipeline.exits import Ending, Progress
@@ -137,9 +137,10 @@ def _checkpoint(run: Run, step: int) -> None:
     """A checkpoint once begun is finished, a stop signal taking effect after it: leaving one
     half-written would waste the work, and a half-updated `latest` pointer would break --resume."""
     with signals.deferred():
+        carried = run.trainer.carried()
         save_checkpoint(run.run_dir, step, run.engine, run.tok, {
-            "step": step, "version": run.engine.version, "data_cursor": run.trainer.resume_cursor(),
-        }, keep=run.cfg.saver.keep_last)
+            "step": step, "version": run.engine.version, "data_cursor": carried.first_cursor,
+        }, keep=run.cfg.saver.keep_last, files={carry.ROLLOUT_FILE: carry.dumps(carried, run.cfg)})
 
 
 def _facts(stats: dict, acc: float | None) -> list[str]:

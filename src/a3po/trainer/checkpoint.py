@@ -1,6 +1,7 @@
 """Checkpoints a run can resume from, written so that a crash never leaves a broken one.
 
-    RUN_DIR/checkpoints/step_000010/   Hugging Face model + tokenizer, trainer_state.pt, run_state.json
+    RUN_DIR/checkpoints/step_000010/   Hugging Face model + tokenizer, trainer_state.pt, run_state.json,
+                                       and the run's files (rollout.jsonl: pipeline/carry.py)
     RUN_DIR/checkpoints/latest         the name of the newest complete checkpoint
 
 A checkpoint is written into a temporary folder, every file and the folder are fsynced, and
@@ -51,8 +52,10 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def save_checkpoint(run_dir: Path, step: int, engine, tokenizer, run_state: dict, keep: int = 1) -> Path:
-    """Write checkpoint `step`; a full disk is DiskFullError naming the checkpoints folder.
+def save_checkpoint(run_dir: Path, step: int, engine, tokenizer, run_state: dict, keep: int = 1,
+                    files: dict[str, str] | None = None) -> Path:
+    """Write checkpoint `step` (with `files`, name -> text, beside the trainer's); a full disk is DiskFullError
+    naming the checkpoints folder.
 
     A save that fails removes what it had written (the space is given back) and leaves the
     older checkpoints and `latest` as they were, so --resume continues from the last one."""
@@ -61,6 +64,8 @@ def save_checkpoint(run_dir: Path, step: int, engine, tokenizer, run_state: dict
     with whole_folder(final, "a checkpoint") as tmp:
         save_engine(engine, tmp, tokenizer=tokenizer)
         (tmp / RUN_STATE).write_text(json.dumps(run_state))
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
     with writing("a checkpoint", root):
         atomic_write_text(root / LATEST, final.name)
     _prune(root, step, keep)
