@@ -7,7 +7,8 @@ subprocess making real training runs), and the table arithmetic on hand-made run
 Proves: every planned cell trained the requested steps with the keys its arm, eta and
 minibatch count name, and never consumed data staler than its eta; the outputs (markdown,
 JSON, plots, per-run folders) have the documented structure and the JSON summary is the
-last line of stdout; a finished benchmark is continued without rerunning anything; a cell
+last line of stdout; a finished benchmark is continued without rerunning anything, and a run
+interrupted after a checkpoint resumes from it (lockstep: as if it had not stopped); a cell
 the configuration refuses stops everything before any run. The arithmetic: the staleness
 distribution pooled by tokens, steady state, the skip rules, one approximation-error row
 for every d, means and spreads over seeds, the plotted lines.
@@ -15,6 +16,7 @@ for every d, means and spreads over seeds, the plotted lines.
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +184,46 @@ def test_a_continuation_asking_for_part_of_a_study_keeps_the_rest(bench, tmp_pat
     # the folder names both machines, the earlier first, not only the one that continued it
     assert [m["cpu_model"] for m in again["machines"]] == ["An Earlier CPU", rec["cpu_model"]]
     assert "Machines (its invocations ran on 2, in this order): An Earlier CPU (" in md and rec["cpu_model"] in md
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_continues_from_its_checkpoint_as_if_it_had_not_stopped(tmp_path):
+    args = ["bench", "staleness", *TINY, "--etas", "2", "--minibatches", "1", "--arms", "loglinear", "--out", "b",
+            "--eval-every", "2", "--keep-checkpoints", "rollout.lockstep=true", "saver.freq_steps=2",
+            "saver.keep_last=2"]
+    res = a3po(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "b"
+    run = out / "runs" / "loglinear-eta2-mb1-seed1"
+    whole = {name: (run / name).read_text() for name in ("held_out.jsonl", "metrics.jsonl")}
+    first = json.loads((out / "results.json").read_text())["runs"][0]
+    # as if the benchmark had been stopped during step 4, after its evaluation: not in results.json, metrics up to
+    # step 3, held-out records up to step 4, the newest checkpoint step 2's
+    (out / "results.json").write_text(json.dumps({**json.loads((out / "results.json").read_text()), "runs": []}))
+    rows = whole["metrics.jsonl"].splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(r for r in rows if json.loads(r)["step"] <= 3))
+    shutil.rmtree(run / "checkpoints" / "step_000004")
+    (run / "checkpoints" / "latest").write_text("step_000002")
+    res = a3po(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming" in (out / "logs" / "loglinear-eta2-mb1-seed1.log").read_text()
+    again = json.loads((out / "results.json").read_text())["runs"][0]
+    assert again["resumed_from_step"] == 2 and "resumed_from_step" not in first
+    # lockstep: the same held-out results at every evaluation, each once, and the same training, bit for bit
+    assert (run / "held_out.jsonl").read_text() == whole["held_out.jsonl"]
+    trained = lambda text: [{k: v for k, v in json.loads(r).items() if k.startswith(("loss/", "rollout/reward"))}
+                            for r in text.splitlines()]
+    assert trained((run / "metrics.jsonl").read_text()) == trained(whole["metrics.jsonl"])
+    assert {k: again[k] for k in ("eval_initial", "eval_final", "held_out_final")} == \
+        {k: first[k] for k in ("eval_initial", "eval_final", "held_out_final")}
+    # a configuration that differs from the interrupted attempt's starts afresh (refused once it is finished)
+    shutil.rmtree(run / "checkpoints" / "step_000004")
+    (run / "checkpoints" / "latest").write_text("step_000002")
+    (out / "results.json").write_text(json.dumps({**json.loads((out / "results.json").read_text()), "runs": []}))
+    res = a3po(*args, "actor.optimizer.lr=1e-4", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming" not in (out / "logs" / "loglinear-eta2-mb1-seed1.log").read_text()
+    assert "resumed_from_step" not in json.loads((out / "results.json").read_text())["runs"][0]
 
 
 def test_a_cell_the_configuration_refuses_stops_everything_before_running(tmp_path):

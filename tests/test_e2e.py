@@ -95,6 +95,9 @@ def test_resume_continues_the_step_count_without_gaps_or_duplicates(tmp_path):
     # the summary is the run's, not the resumed part's: from its own step-0 evaluation to the last
     evals = [r for r in rows if "eval/accuracy" in r]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 6
+    # the held-out records of evaluations past the checkpoint were made again, not kept twice
+    held_out = [json.loads(line)["step"] for line in (run / "held_out.jsonl").read_text().splitlines()]
+    assert held_out == [r["step"] for r in evals]
     assert (f"held-out accuracy        {evals[0]['eval/accuracy']:.3f} (step 0) -> "
             f"{evals[-1]['eval/accuracy']:.3f} (step 6)") in res.stdout, res.stdout
     assert "steps                    6" in res.stdout

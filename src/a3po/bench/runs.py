@@ -34,6 +34,7 @@ from a3po.files import unique_dir
 from a3po.machine import code_commit
 from a3po.machine import machine as common_machine
 from a3po.pipeline.sinks import HELD_OUT
+from a3po.trainer.checkpoint import latest_checkpoint, load_run_state
 
 RESULTS = "results.json"
 CHILD_STOP_S = 60.0  # a signalled `a3po train` is out within seconds (docs/operations.md)
@@ -88,21 +89,27 @@ class Benchmark:
 
 
 def run_one(planned: PlannedRun, bench_dir: Path, label: str, summarize: Summarizer) -> dict:
-    """One `a3po train` in a child process; its step count is followed from metrics.jsonl."""
+    """One `a3po train` in a child process; its step count is followed from metrics.jsonl.
+
+    An unfinished earlier attempt of the same configuration that saved a checkpoint is resumed from it (under
+    rollout.lockstep that is the run an uninterrupted attempt makes, bit for bit); any other is started afresh."""
     key, cfg = planned.key, planned.cfg
     run_dir = bench_dir / "runs" / key
-    if run_dir.exists():
-        shutil.rmtree(run_dir)  # an unfinished earlier attempt
     cfg.fileroot, cfg.experiment_name = str(bench_dir / "runs"), key
     cfg_path = bench_dir / "configs" / f"{key}.yaml"
     cfg_path.parent.mkdir(exist_ok=True)
-    cfg_path.write_text(dump_yaml(cfg))
+    text = dump_yaml(cfg)
+    resumed_from = _resumable(run_dir, cfg_path, text)
+    if resumed_from is None and run_dir.exists():
+        shutil.rmtree(run_dir)  # an unfinished earlier attempt with nothing to continue from
+    cfg_path.write_text(text)
     log_path = bench_dir / "logs" / f"{key}.log"
     log_path.parent.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "a3po.cli", "train", "--config", str(cfg_path)]
+    cmd = [sys.executable, "-m", "a3po.cli", "train",
+           *(["--config", str(cfg_path)] if resumed_from is None else ["--resume", str(run_dir)])]
     t0 = time.perf_counter()
     bar = tqdm(total=cfg.total_train_steps, desc=f"{label} {key}", unit="step", dynamic_ncols=True, file=sys.stderr)
-    with open(log_path, "w") as log:
+    with open(log_path, "w" if resumed_from is None else "a") as log:
         log.write(f"$ {shlex.join(cmd)}\n")
         log.flush()
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -125,6 +132,8 @@ def run_one(planned: PlannedRun, bench_dir: Path, label: str, summarize: Summari
     bar.close()
     wall = time.perf_counter() - t0
     head = {**planned.fields, "key": key, "code_commit": code_commit()}
+    if resumed_from is not None:  # process_wall_s is then this attempt's alone
+        head["resumed_from_step"] = resumed_from
     if child.returncode != 0:
         tail = [line for line in log_path.read_text().splitlines() if line.strip()][-1:]
         return {**head, "ok": False, "returncode": child.returncode, "error": tail[0] if tail else "",
@@ -141,6 +150,18 @@ def held_out(run_dir: Path, last_step: int) -> dict:
         return {}
     by_step = {r["step"]: r["solved"] for r in map(json.loads, path.read_text().splitlines()) if r}
     return {"held_out_initial": by_step.get(0), "held_out_final": by_step.get(last_step)}
+
+
+def _resumable(run_dir: Path, cfg_path: Path, text: str) -> int | None:
+    """The step an unfinished earlier attempt can resume from: it was configured as `text` and saved a readable
+    run state; else None."""
+    ckpt = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if ckpt is None or not cfg_path.is_file() or cfg_path.read_text() != text:
+        return None
+    try:
+        return load_run_state(ckpt)["step"]
+    except (OSError, ValueError):
+        return None
 
 
 def _steps_done(run_dir: Path) -> int:

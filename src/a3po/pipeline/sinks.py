@@ -36,8 +36,9 @@ class Sinks:
                  config: dict | None = None, resume_step: int | None = None):
         check_backends(tensorboard=tensorboard, wandb=wandb)
         self.path = Path(run_dir) / METRICS
-        if resume_step is not None:
+        if resume_step is not None:  # what came after the checkpoint is made again
             truncate_after(self.path, resume_step)
+            truncate_after(Path(run_dir) / HELD_OUT, resume_step)
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
