@@ -46,7 +46,7 @@ def engine(smollm2):
     from a3po.rollout.vllm_engine import VLLMEngine
 
     model, tok = smollm2
-    eng = VLLMEngine.from_model(model, tok, dtype="float32", max_batch=16, seed=0)
+    eng = VLLMEngine.from_model(model, tok, dtype="float32", max_batch=16, seed=0, compiled=False)
     yield eng
     eng.close()
 
@@ -179,7 +179,7 @@ def bf16_gap(model, tok, fp32_head: bool) -> tuple[int, float]:
     from a3po.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine.from_model(copy.deepcopy(model).to(torch.bfloat16), tok, dtype="bfloat16", max_batch=32,
-                                   eos_token_ids=(), fp32_head=fp32_head)
+                                   eos_token_ids=(), fp32_head=fp32_head, compiled=False)
     try:
         done = generate(engine, [GenerationRequest(p, 24, rid=i, seed=i)
                                  for i, p in enumerate(arithmetic_prompts(tok, 32))])
@@ -205,8 +205,11 @@ def test_fp32_lm_head_brings_bf16_vllm_closer_to_the_trainer(smollm2):
 
 # the tiny preset's 16 requests per step, up to 3 steps in flight, overflow vLLM's 2048-token step budget, so
 # prompts would be split across steps (which broke seeded sampling on the CPU build before it was turned off)
+# rollout.vllm_compile=false: an engine that starts in seconds; the LoRA run, serve and bench rollout keep vLLM's
+# default, compiled
 RUN = ["--preset", "tiny", "logging.tensorboard=false", "rollout.backend=vllm", "rollout.dtype=bfloat16",
-       "actor.fp32_lm_head=true", "saver.freq_steps=2", "rollout.max_head_offpolicyness=2"]
+       "actor.fp32_lm_head=true", "saver.freq_steps=2", "rollout.max_head_offpolicyness=2",
+       "rollout.vllm_compile=false"]
 
 
 def test_training_with_vllm_reaches_eta_resumes_and_cleans_up(tmp_path):
@@ -273,7 +276,7 @@ def test_a_saved_adapter_loads_in_vllm_as_it_is(tmp_path):
     model.save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
     llm = vllm.LLM(model=str(tmp_path / "base"), dtype="float32", enable_lora=True, max_lora_rank=8, max_loras=1,
-                   max_model_len=256, seed=0)
+                   max_model_len=256, seed=0, enforce_eager=True)
     params = vllm.SamplingParams(max_tokens=8, temperature=0.0, logprobs=0)
     prompt = [{"prompt_token_ids": [1, 2, 3, 4, 5]}]
     adapted = llm.generate(prompt, params, lora_request=LoRARequest("a3po", 1, str(tmp_path / "adapter")))[0].outputs[0]

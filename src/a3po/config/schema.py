@@ -215,6 +215,9 @@ class RolloutConfig:
     vllm_gpu_memory: float = opt(0.4, "with rollout.backend=vllm on a GPU: the share of that GPU's memory each "
                                       "worker's vLLM engine reserves (weights and KV cache); leave room for the "
                                       "trainer when both share a GPU, and divide by n_workers", gt=0, lt=1)
+    vllm_compile: bool = opt(True, "with rollout.backend=vllm: compile the engine's model with torch.compile when it "
+                                   "starts (vLLM's default); false runs it eagerly, which starts in seconds where "
+                                   "compiling takes tens of seconds on a CPU, more with an empty compile cache")
     max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the "
                                          "trainer; 0 = synchronous", ge=0)
     max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or "
@@ -563,7 +566,7 @@ def inert_keys(cfg: Config) -> list[tuple[str, Any, str]]:
          "set actor.correction.mis"),
         ("actor.adv_norm", ("eps",), a.adv_norm.std_level != "none", "actor.adv_norm.std_level=group or batch",
          "actor.adv_norm.std_level is none", "set a std_level"),
-        ("rollout", ("vllm_gpu_memory",), r.backend == Backend.VLLM, "rollout.backend=vllm",
+        ("rollout", ("vllm_gpu_memory", "vllm_compile"), r.backend == Backend.VLLM, "rollout.backend=vllm",
          f"rollout.backend is {r.backend}", "set rollout.backend=vllm"),
         # reward_service.kind=none is refused with every other reward_service key above
         ("reward_service", ("template", "score_regex", "score_max", "max_tokens"), rs.kind != ServiceKind.SCORER,

@@ -70,7 +70,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str | Path, *, dtype: str, version: int = 0, max_batch: int = 64, seed: int = 0,
                  max_model_len: int = 2048, eos_token_ids: tuple[int, ...] = (), reprefill_on_update: bool = True,
-                 fp32_head: bool = False, gpu_memory: float = 0.4):
+                 fp32_head: bool = False, gpu_memory: float = 0.4, compiled: bool = True):
         vllm = import_vllm()
         self._vllm = vllm
         # Prefix caching with every prompt salted by the version: blocks of older weights (kept for sequences in
@@ -83,6 +83,7 @@ class VLLMEngine:
             # generators cannot do ("CPU Generator does not use offset"); whole prompts only, then.
             enable_chunked_prefill=False,
             gpu_memory_utilization=gpu_memory,  # a GPU build only; the CPU build sizes its cache from ENV
+            enforce_eager=not compiled,
         ))
         self.reprefill_on_update = reprefill_on_update
         self._model_dir: Path | None = None  # a folder of our own to remove on close

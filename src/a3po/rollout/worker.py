@@ -144,7 +144,7 @@ class _Worker:
             self.engine = VLLMEngine.from_model(
                 model, self.tok, dtype=dtype, version=version, max_batch=max_batch, seed=cfg.seed,
                 reprefill_on_update=reprefill, fp32_head=cfg.actor.fp32_lm_head,
-                gpu_memory=cfg.rollout.vllm_gpu_memory,
+                gpu_memory=cfg.rollout.vllm_gpu_memory, compiled=cfg.rollout.vllm_compile,
             )
             del model
         else:
