@@ -196,6 +196,7 @@ def _by(rec: dict) -> dict:
     return {(r["arm"], r["cell"]): r for r in rec["rows"]}
 
 
+@pytest.mark.slow
 def test_a_stale_batch_over_four_minibatches_parts_coupled_from_recompute(stale):
     rp, path = stale
     rec = replay(rp, path, list(FIDELITY_ARMS), ["d", "sign"], log=lambda line: None)

@@ -121,6 +121,7 @@ def test_bench_rollout_refuses_bad_arguments_in_one_line(tmp_path, bad, named):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_bench_rollout_without_vllm_refuses_its_arm_in_one_line(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: tests/test_vllm_features.py runs its arm")

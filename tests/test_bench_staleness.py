@@ -661,6 +661,7 @@ def _study_copy(record: dict, folder: Path, drop: set[str]) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_two_copies_of_a_study_continued_apart_join_into_the_whole_study(tmp_path):
     """A committed multi-turn study split as two side-by-side continuations would leave it: the shared
     runs in both, the coupled runs in one, the fifth seeds in the other. Joined, the page is the study's."""

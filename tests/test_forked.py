@@ -15,7 +15,7 @@ from procs import EXIT_S, TINY, a3po, gone_within, metrics_steps, rollout_worker
 
 from a3po.launch import forked
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the server is made on Linux only")
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="the server is made on Linux only"), pytest.mark.slow]
 
 
 def comm(pid: int) -> str:
