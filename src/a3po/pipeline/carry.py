@@ -82,7 +82,7 @@ def load(ckpt: Path, version: int, cfg: Config) -> Carried:
         raise ValueError(f"{ROLLOUT_FILE} is not a list of finished groups ({type(e).__name__}: {e})") from None
     changed = [f"{k} {head.get(k)} -> {v}" for k, v in settings(cfg).items() if head.get(k) != v]
     if changed:
-        raise ValueError(f"the run's settings changed since the checkpoint ({', '.join(changed)})")
+        raise ValueError(f"made under other settings: {', '.join(changed)}")
     first = version * cfg.train_dataset.batch_size
     if [g.slot for g in groups] != list(range(first, first + len(groups))) or next_slot != first + len(groups):
         raise ValueError(f"{ROLLOUT_FILE} does not hold the slots from {first} on without a gap")
