@@ -853,7 +853,9 @@ def test_the_corrections_plan_quotes_part_1_s_a3po_runs():
     ("3477e86", "Rollout workers forked after the trainer's imports"),
     ("bc79baf", "Rollout workers forked after the trainer's imports"),
     ("89d710c", "Fewer Ray and vLLM engine starts"),
-    ("7993259", "Fewer Ray and vLLM engine starts")])
+    ("7993259", "Fewer Ray and vLLM engine starts"),
+    ("f790d74", "vLLM engines started eagerly in the tests"),
+    ("ade54d4", "vLLM engines started eagerly in the tests")])
 def test_the_clean_clone_s_times_are_its_record(record, heading):
     """The clean-clone sections quote what .ci/run and make train printed, kept in their records."""
     rec = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())
@@ -978,6 +980,20 @@ def test_the_forked_start_up_figures_are_the_tools_record():
         clone = json.loads((RESULTS / "clean-clone" / f"{record}.json").read_text())["ci"]
         assert f"CPU {clone['cpu_s']:,} s" in text
         assert (clone["wall_s"] < 20 * 60) == (record == "3477e86")
+
+
+def test_the_eager_vllm_section_s_test_times_are_its_records():
+    """The vLLM tier's engine-starting items before and after, and the CPU time of both clones, as recorded."""
+    text = normal(section("vLLM engines started eagerly in the tests"))
+    before, after = (json.loads((RESULTS / "clean-clone" / f"{c}.json").read_text()) for c in ("f790d74", "ade54d4"))
+    for rec in (before, after):
+        assert f"CPU {rec['ci']['cpu_s']:,} s" in text
+    b, a = before["explain"]["vllm_durations_s"], after["explain"]["vllm_durations_s"]
+    assert (f"The engine fixture's setup took {b['engine_fixture_setup']} s, the fp32-head test (two bf16 engines) "
+            f"{b['fp32_head_test']} s, the vLLM-in-Ray-actors test {b['ray_actors_episodes_test']} s") in text
+    assert (f"The fixture's setup took {a['engine_fixture_setup']} s, the fp32-head test {a['fp32_head_test']} s, "
+            f"the Ray actors' test {a['ray_actors_episodes_test']} s") in text
+    assert "beside two `make install`s" in text and before["make_train"]["beside"]
 
 
 def test_the_retry_pilot_plan_s_times_are_its_records():
