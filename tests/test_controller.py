@@ -74,6 +74,7 @@ class ScriptedPool:
         self.attempts: dict[int, int] = {}  # slot -> groups generated for it
         self.done: list[int] = []  # slot of every GroupDone handed over, in order
         self.hold_new = False  # groups submitted while it is set sample nothing until released
+        self.hold_slots: set[int] = set()  # groups of these slots sample nothing until released, whenever submitted
         self.held: set[int] = set()
         self.restarts: list[tuple[int, int]] = []  # (worker, version it started with)
         self.hung: list[int] = []  # workers the next silent() reports
@@ -138,7 +139,7 @@ class ScriptedPool:
             i = worker if worker is not None else min(live, key=lambda k: self.workers[k].running)
             self.workers[i].running += 1
             self.workers[i].inbox.append(work)
-            if self.hold_new:
+            if self.hold_new or work.slot in self.hold_slots:
                 self.held.add(work.slot)
             return i
 
@@ -361,6 +362,26 @@ def test_a_checkpoint_carries_the_finished_groups_and_a_resume_trains_them_as_th
         assert {work.slot: work.example for w in pool2.workers for work, _ in w.generating} == sent
     finally:
         ctl2.close()
+
+
+def test_under_lockstep_a_checkpoint_carries_whole_batches_only():
+    pool, ctl, _ = make(2, "rollout.lockstep=true", B=2)
+    pool.hold_slots = {7}  # batch 3's second group never finishes: its first is done alone
+    try:
+        ctl.start()
+        pool.settle()
+        ctl.take_batch(0)
+        ctl.wait_sampled(2)
+        ctl.wait_loaded(0)
+        ctl.publish(1)
+        pool.settle()
+        assert 6 in pool.handed_over() and 7 not in pool.handed_over()
+        carried = ctl.carried(1)
+    finally:
+        ctl.close()
+    # slot 6 is finished but its batch is not: a resumed worker would wait for slot 6's group to make its cohort
+    assert [g.slot for g in carried.groups] == [2, 3, 4, 5]
+    assert (carried.next_slot, carried.cursor) == (6, 6)
 
 
 @pytest.mark.parametrize("changed, why", [

@@ -10,7 +10,8 @@ by the versions that sampled it, and what was in flight is sampled again by vers
 Under rollout.lockstep that makes a resumed run continue bit for bit: version s + 1 is
 published only once batch s + eta is finished (controller.py), so at the checkpoint batches
 s .. s + eta - 1 are all carried, and batch s + eta, the first sampled again, was being
-sampled by version s, which is the checkpoint's (its slots' sampling seeds are (seed, slot)).
+sampled by version s, which is the checkpoint's (its slots' sampling seeds are (seed, slot)). Only whole
+batches are carried then: a worker generates its share of a batch once all of it has come (controller.py).
 
 A file that is missing (a checkpoint written before this existed), unreadable, or made under
 other settings is not fatal: the resume warns and samples those groups again, as from slot sB.

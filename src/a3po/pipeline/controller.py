@@ -216,13 +216,17 @@ class Controller:
 
     def carried(self, version: int) -> Carried:
         """What a checkpoint at `version` keeps (pipeline/carry.py): the finished groups from slot version x B on,
-        up to the first slot not finished, and the data position that slot was (or will be) admitted at."""
+        up to the first slot not finished, and the data position that slot was (or will be) admitted at. Lockstep:
+        whole batches only, since a worker starts a batch's share once all of it has come (its cohort)."""
         with self._cond:
             slot = version * self.B
             groups = []
             while slot in self._done:
                 groups.append(self._done[slot])
                 slot += 1
+            if self.lockstep:
+                whole = len(groups) // self.B * self.B
+                slot, groups = slot - (len(groups) - whole), groups[:whole]
             return Carried(groups, [self._slot_cursor[g.slot] for g in groups], slot,
                            self._slot_cursor.get(slot, self.order.cursor))
 
