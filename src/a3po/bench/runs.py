@@ -155,7 +155,7 @@ def held_out(run_dir: Path, last_step: int) -> dict:
 def _resumable(run_dir: Path, cfg_path: Path, text: str) -> int | None:
     """The step an unfinished earlier attempt can resume from: it was configured as `text` and saved a readable
     run state; else None."""
-    ckpt = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    ckpt = latest_checkpoint(run_dir)  # None where the attempt left no folder or no checkpoint
     if ckpt is None or not cfg_path.is_file() or cfg_path.read_text() != text:
         return None
     try:

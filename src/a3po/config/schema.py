@@ -216,8 +216,8 @@ class RolloutConfig:
                                       "worker's vLLM engine reserves (weights and KV cache); leave room for the "
                                       "trainer when both share a GPU, and divide by n_workers", gt=0, lt=1)
     vllm_compile: bool = opt(True, "with rollout.backend=vllm: compile the engine's model with torch.compile when it "
-                                   "starts (vLLM's default); false runs it eagerly, which starts in seconds where "
-                                   "compiling takes tens of seconds on a CPU, more with an empty compile cache")
+                                   "starts (vLLM's default); false runs it eagerly: no compilation at each start, "
+                                   "for short runs and tests")
     max_head_offpolicyness: int = opt(2, "staleness bound eta: tokens are at most this many versions older than the "
                                          "trainer; 0 = synchronous", ge=0)
     max_concurrent_rollouts: int | None = opt(None, "prompt groups admitted and not yet trained on (generating or "

@@ -35,7 +35,6 @@ from a3po.files import atomic_write_text, unique_dir, writing
 from a3po.launch import make_launcher
 from a3po.models import load_policy
 from a3po.pipeline import carry
-from a3po.pipeline.carry import Carried
 from a3po.pipeline.cores import CoreLender, lends_cores
 from a3po.pipeline.evaluate import Evaluator
 from a3po.pipeline.exits import Progress
@@ -162,7 +161,7 @@ def _data_parallel(cfg: Config, launcher, world: int, by_torchrun: bool, device:
             parallel.close()
 
 
-def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int, Carried | None]:
+def _open_run_dir(cfg: Config, resume: str | None, engine: TrainEngine) -> tuple[Path, int, int, carry.Carried | None]:
     """(run directory, first step, data cursor, the finished groups it carried): a new directory, or the resumed
     one with its checkpoint loaded."""
     if not resume:
